@@ -1,0 +1,5 @@
+"""vllm-sr-runtime: an inference runtime for vLLM Semantic Router decision models."""
+
+from runtime.model import DecisionModel, load
+
+__all__ = ["DecisionModel", "load"]

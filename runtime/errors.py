@@ -1,0 +1,74 @@
+"""Typed errors. Each carries the HTTP status and error code it becomes in the error envelope."""
+
+from __future__ import annotations
+
+
+class RuntimeServiceError(Exception):
+    """Base class: every error the runtime raises on purpose."""
+
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def envelope(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class PackageError(RuntimeServiceError):
+    """A model package failed resolution or verification. Never retried."""
+
+    status = 503
+    code = "not_ready"
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+
+
+class UnsupportedDeviceError(RuntimeServiceError):
+    status = 503
+    code = "not_ready"
+
+
+class InvalidRequest(RuntimeServiceError):
+    status = 400
+    code = "invalid_request"
+
+
+class ModelNotFound(RuntimeServiceError):
+    status = 404
+    code = "model_not_found"
+
+
+class RequestTooLarge(RuntimeServiceError):
+    status = 413
+    code = "request_too_large"
+
+
+class Overloaded(RuntimeServiceError):
+    status = 429
+    code = "overloaded"
+
+
+class NotReady(RuntimeServiceError):
+    status = 503
+    code = "not_ready"
+
+
+class ArtifactError(RuntimeServiceError):
+    """An exported artifact is missing, tampered with or does not fit the package."""
+
+    status = 503
+    code = "not_ready"
+
+
+class QuestionError(Exception):
+    """One question cannot be answered; reported in place, siblings still answered."""
+
+    def __init__(self, error: str, message: str):
+        super().__init__(message)
+        self.error = error
+        self.message = message

@@ -1,0 +1,23 @@
+"""Registry of model families: each detects its own package format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.errors import PackageError
+from runtime.families.base import Family
+
+
+def registry() -> dict[str, type[Family]]:
+    from runtime.families.decision2.family import Decision2Family
+    from runtime.families.decision3.family import Decision3Family
+
+    return {family.name: family for family in (Decision2Family, Decision3Family)}
+
+
+def detect_family(root: Path) -> type[Family]:
+    matches = [family for family in registry().values() if family.detect(Path(root))]
+    if len(matches) != 1:
+        found = "no" if not matches else "several"
+        raise PackageError(f"{found} known package format matches (Decision 2.0 pointer or Decision 3.0 manifest)", str(root))
+    return matches[0]

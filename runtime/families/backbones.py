@@ -1,0 +1,64 @@
+"""Build transformers' own text model classes and load safetensors weights into them strictly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import Qwen3Config, Qwen3Model, Qwen3_5TextConfig, Qwen3_5TextModel
+
+from runtime.errors import PackageError
+
+BACKBONES = {
+    "qwen3": (Qwen3Config, Qwen3Model),
+    "qwen3_5_text": (Qwen3_5TextConfig, Qwen3_5TextModel),
+}
+
+
+def text_config_from_dict(model_type: str, data: dict):
+    config_cls, _ = BACKBONES[model_type]
+    fields = {k: v for k, v in data.items() if k not in ("model_type", "transformers_version", "architectures")}
+    config = config_cls(**fields)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def read_tensors(files: list[Path], prefix: str, root: Path) -> dict[str, torch.Tensor]:
+    """Tensors whose key starts with `prefix`, with the prefix removed."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                if key.startswith(prefix):
+                    tensors[key[len(prefix) :]] = handle.get_tensor(key)
+    if not tensors:
+        raise PackageError(f"no tensors with prefix {prefix!r}", ", ".join(p.relative_to(root).as_posix() for p in files))
+    return tensors
+
+
+def build_text_model(model_type: str, config, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, where: str) -> torch.nn.Module:
+    """Instantiate without random init (meta device), then take the package's tensors as parameters."""
+    _, model_cls = BACKBONES[model_type]
+    with torch.device("meta"):
+        model = model_cls(config)
+    expected = set(model.state_dict())
+    missing = sorted(expected - set(state_dict))
+    unexpected = sorted(set(state_dict) - expected)
+    if missing or unexpected:
+        detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise PackageError(f"weights do not fit the {model_type} config: {detail}", where)
+    shapes = model.state_dict()
+    for key, tensor in state_dict.items():
+        if tuple(tensor.shape) != tuple(shapes[key].shape):
+            raise PackageError(f"{key} has shape {tuple(tensor.shape)}, the config needs {tuple(shapes[key].shape)}", where)
+    model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True, assign=True)
+    # Non-persistent buffers (rotary inverse frequencies) are not in the checkpoint: rebuild those modules.
+    for name, module in list(model.named_modules()):
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            setattr(parent, name.rsplit(".", 1)[-1], type(module)(config=config))
+    for name, buffer in model.named_buffers():
+        if buffer.is_meta:
+            raise PackageError(f"buffer {name} was not initialised", where)
+    return model.eval()

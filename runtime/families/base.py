@@ -1,0 +1,99 @@
+"""What every family provides: verification, rendering to rows, a torch module, and answers from outputs."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from runtime.errors import QuestionError
+from runtime.families.answers import error_answer
+from runtime.families.questions import Question, parse_questions
+from runtime.numerics import Numerics
+from runtime.packages.resolve import PackageRef
+
+
+@dataclass
+class Batch:
+    inputs: dict[str, np.ndarray]
+    items: list[Any]  # the family's rendered questions, one per row
+
+
+@dataclass
+class Plan:
+    questions: list[Question]
+    errors: dict[str, dict] = field(default_factory=dict)
+    batches: list[Batch] = field(default_factory=list)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(len(item.token_ids) + getattr(item, "visual_tokens", 0) for batch in self.batches for item in batch.items)
+
+
+class Family(ABC):
+    name: ClassVar[str]
+    input_names: ClassVar[tuple[str, ...]]
+    output_name: ClassVar[str]
+
+    def __init__(self, ref: PackageRef, package: Any):
+        self.ref = ref
+        self.package = package
+
+    @classmethod
+    @abstractmethod
+    def detect(cls, root: Path) -> bool: ...
+
+    @classmethod
+    @abstractmethod
+    def open(cls, ref: PackageRef, **options: Any) -> "Family":
+        """Verify the package and load what rendering needs (no weights)."""
+
+    @abstractmethod
+    def build_module(self, numerics: Numerics, device: torch.device) -> torch.nn.Module:
+        """The backbone + readout as one module: forward(**inputs) -> readout output [rows, ...]."""
+
+    @abstractmethod
+    def render(self, state: Any, question: Question) -> Any:
+        """One question's rendered form (raises QuestionError)."""
+
+    @abstractmethod
+    def batches(self, rendered: list[Any]) -> list[Batch]: ...
+
+    @abstractmethod
+    def answer(self, item: Any, output_row: np.ndarray) -> dict: ...
+
+    @property
+    @abstractmethod
+    def max_input_tokens(self) -> int: ...
+
+    @property
+    def model_name(self) -> str:
+        return self.package.model_name
+
+    def plan(self, state: Any, questions: Any) -> Plan:
+        plan = Plan(questions=parse_questions(questions))
+        rendered = []
+        for question in plan.questions:
+            if question.problem is not None:
+                plan.errors[question.id] = error_answer(question.type, question.problem.error, question.problem.message)
+                continue
+            try:
+                rendered.append(self.render(state, question))
+            except QuestionError as problem:
+                plan.errors[question.id] = error_answer(question.type, problem.error, problem.message)
+        if rendered:
+            plan.batches = self.batches(rendered)
+        return plan
+
+    def card(self) -> dict:
+        package = self.package
+        return {
+            "family": self.name,
+            "model_sha256": package.model_sha256,
+            "manifest_sha256": package.manifest_sha256,
+            "max_input_tokens": self.max_input_tokens,
+        }

@@ -1,0 +1,161 @@
+"""Decision 2.0 as a family: package, prompt, backbone (+ unmerged LoRA), candidate head, answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from runtime.errors import PackageError
+from runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
+from runtime.families.base import Batch, Family
+from runtime.families.decision2 import package as pkg
+from runtime.families.decision2.prompt import RenderedQuestion, batch_rows, render_question
+from runtime.families.decision2.readout import CandidateHead, answer_from_logits
+from runtime.families.questions import Question
+from runtime.families.tokenization import load_plain_tokenizer, pad_token_id
+from runtime.numerics import Numerics
+from runtime.packages.files import read_json
+from runtime.packages.resolve import PackageRef, resolve_package
+
+# Rows of one forward pass are split only above this many padded tokens (FLA's 2^30-element q/k/v limit
+# is far above anything a CPU runs; this bounds activation memory instead).
+FORWARD_TOKEN_BUDGET = 1 << 20
+BASE_PREFIX = "model.language_model."
+
+
+class Decision2Module(torch.nn.Module):
+    def __init__(self, backbone: torch.nn.Module, head: CandidateHead, autocast_dtype: torch.dtype | None):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+        self.autocast_dtype = autocast_dtype
+
+    def forward(self, input_ids, attention_mask, option_index, option_mask, query_index):
+        if self.autocast_dtype is not None:
+            with torch.autocast(device_type=input_ids.device.type, dtype=self.autocast_dtype):
+                hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        else:
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        with torch.autocast(device_type=input_ids.device.type, enabled=False):
+            return self.head(hidden, option_index, option_mask, query_index)
+
+
+class Decision2Family(Family):
+    name = "decision2"
+    input_names = ("input_ids", "attention_mask", "option_index", "option_mask", "query_index")
+    output_name = "logits"
+
+    def __init__(self, ref: PackageRef, package: pkg.Decision2Package):
+        super().__init__(ref, package)
+        self.tokenizer = load_plain_tokenizer(package.root)
+        self.pad_id = pad_token_id(package.root, self.tokenizer)
+        self.merge_adapter = False
+
+    @classmethod
+    def detect(cls, root: Path) -> bool:
+        return pkg.detect(root)
+
+    @classmethod
+    def open(cls, ref: PackageRef, *, base_path: Path | None = None, cache_dir=None, offline=None, **_: Any) -> "Decision2Family":
+        def resolve_base(repo_id: str, revision: str) -> Path:
+            return resolve_package(repo_id, revision, cache_dir=cache_dir, offline=offline).path
+
+        return cls(ref, pkg.verify(ref.path, base_path=base_path, resolve_base=resolve_base))
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self.package.max_input_tokens
+
+    # -- weights -------------------------------------------------------------------------------------
+    def build_backbone(self, dtype: torch.dtype) -> torch.nn.Module:
+        package = self.package
+        if package.profile == "qwen-full":
+            config_data = read_json(package.root, "backbone/config.json")
+            files = sorted((package.root / "backbone").glob("*.safetensors"))
+            tensors = read_tensors(files, "", package.root)
+            where = "backbone/"
+        else:
+            base_config = read_json(package.base.path, "config.json")
+            config_data = base_config.get("text_config", base_config)
+            files = sorted(package.base.path.glob("*.safetensors"))
+            tensors = read_tensors(files, BASE_PREFIX, package.base.path)
+            tensors = {k: v for k, v in tensors.items() if not k.startswith("mtp")}
+            where = f"base:{package.base.repo_id}"
+        config = text_config_from_dict(package.backbone_type, {**config_data, "model_type": package.backbone_type})
+        return build_text_model(package.backbone_type, config, tensors, dtype, where)
+
+    def build_head(self) -> CandidateHead:
+        state = load_file(str(self.package.root / "decision_head.safetensors"))
+        hidden = state["candidate_norm.weight"].shape[0]
+        head_dim = int(self.package.decision_config["head_dim"])
+        if state["key.weight"].shape != (head_dim, hidden):
+            raise PackageError(f"key.weight is {tuple(state['key.weight'].shape)}, expected ({head_dim}, {hidden})", "decision_head.safetensors")
+        head = CandidateHead(hidden, head_dim)
+        head.load_state_dict(state, strict=True)
+        return head.eval()
+
+    def build_module(self, numerics: Numerics, device: torch.device) -> torch.nn.Module:
+        backbone = self.build_backbone(numerics.parameter_dtype)
+        if self.package.profile == "qwen-adapter":
+            backbone = self.apply_adapter(backbone, merge=self.merge_adapter)
+        module = Decision2Module(backbone, self.build_head(), numerics.autocast_dtype)
+        loaded = sum(p.numel() for p in module.parameters())
+        if not self.merge_adapter and loaded != self.package.loaded_parameters:
+            raise PackageError(f"loaded {loaded} parameters, the manifest says {self.package.loaded_parameters}", "MODEL_MANIFEST.json")
+        return module.to(device).eval()
+
+    def apply_adapter(self, backbone: torch.nn.Module, *, merge: bool) -> torch.nn.Module:
+        """PEFT LoRA with FP32 factors, unmerged (the reference) or merged into the base weights (export)."""
+        from peft import PeftModel
+
+        config = read_json(self.package.root, "adapter/adapter_config.json")
+        if config.get("peft_type") != "LORA" or config.get("bias", "none") != "none":
+            raise PackageError("adapter must be a PEFT LORA adapter with bias none", "adapter/adapter_config.json")
+        model = PeftModel.from_pretrained(backbone, str(self.package.root / "adapter"), is_trainable=False, autocast_adapter_dtype=False)
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.data = param.data.float()
+        if merge:
+            return model.merge_and_unload()
+        return model.get_base_model()
+
+    # -- requests ------------------------------------------------------------------------------------
+    def render(self, state: Any, question: Question) -> RenderedQuestion:
+        return render_question(state, question, self.tokenizer, self.max_input_tokens)
+
+    def batches(self, rendered: list[RenderedQuestion]) -> list[Batch]:
+        """All rows in one pass, split only when the padded batch exceeds the token budget."""
+        groups: list[list[RenderedQuestion]] = [[]]
+        for item in rendered:
+            trial = groups[-1] + [item]
+            width = -(-max(len(r.token_ids) for r in trial) // 8) * 8
+            if groups[-1] and width * len(trial) > FORWARD_TOKEN_BUDGET:
+                groups.append([item])
+            else:
+                groups[-1] = trial
+        return [Batch(inputs=batch_rows(group, self.pad_id), items=group) for group in groups]
+
+    def answer(self, item: RenderedQuestion, output_row: np.ndarray) -> dict:
+        return answer_from_logits(
+            item.question,
+            output_row.tolist(),
+            temperature_by_type=self.package.temperature_by_type,
+            score_offsets=self.package.score_offsets,
+        )
+
+    def card(self) -> dict:
+        card = super().card()
+        card.update(
+            {
+                "backbone": self.package.backbone_type,
+                "profile_kind": self.package.profile,
+                "parameters": self.package.loaded_parameters,
+                "question_types": ["choice", "noul", "score"],
+                "modalities": ["text"],
+            }
+        )
+        return card

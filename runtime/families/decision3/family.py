@@ -1,0 +1,162 @@
+"""Decision 3.0 as a family: package, d3 prompt, bare Qwen3.5 text tower (optionally non-causal), code readout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from transformers.masking_utils import create_recurrent_attention_mask
+
+from runtime.errors import PackageError
+from runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
+from runtime.families.base import Batch, Family
+from runtime.families.decision3 import package as pkg
+from runtime.families.decision3.prompt import BATCH_SIZE, RenderedQuestion, batch_rows, derive_codes, render_question
+from runtime.families.decision3.readout import CodeReadout, answer_from_probabilities
+from runtime.families.questions import Question
+from runtime.families.tokenization import load_qwen2_tokenizer, pad_token_id
+from runtime.numerics import Numerics
+from runtime.packages.files import sha256_file
+from runtime.packages.resolve import PackageRef
+
+# Chat templates the d3 prompt renderer reproduces, by SHA-256 (prefixes for the released ones).
+KNOWN_CHAT_TEMPLATES = {
+    "273d8e0e": "d3-nano / d3-lite",
+    "a4aee8af": "d3-flash / d3-mini",
+    "c3cf9e34": "d3",
+}
+
+
+class Decision3Module(torch.nn.Module):
+    def __init__(self, text_model: torch.nn.Module, readout: CodeReadout, noncausal: bool):
+        super().__init__()
+        self.text_model = text_model
+        self.readout = readout
+        self.noncausal = noncausal
+
+    def attention_masks(self, embeds: torch.Tensor, attention_mask: torch.Tensor):
+        if not self.noncausal:
+            return attention_mask
+        padding = attention_mask.bool()
+        return {
+            # Bidirectional full attention: only pads are masked; always passed so SDPA never goes causal.
+            "full_attention": padding[:, None, None, :],
+            "linear_attention": create_recurrent_attention_mask(
+                config=self.text_model.config, inputs_embeds=embeds, attention_mask=attention_mask
+            ),
+        }
+
+    def hidden_states(self, input_ids, attention_mask, position_ids):
+        embeds = self.text_model.embed_tokens(input_ids)
+        output = self.text_model(
+            inputs_embeds=embeds,
+            attention_mask=self.attention_masks(embeds, attention_mask),
+            position_ids=position_ids,
+            use_cache=False,
+        )
+        return output.last_hidden_state
+
+    def forward(self, input_ids, attention_mask, position_ids, option_mask):
+        hidden = self.hidden_states(input_ids, attention_mask, position_ids)
+        return self.readout(hidden[:, -1], option_mask)
+
+
+class Decision3Family(Family):
+    name = "decision3"
+    input_names = ("input_ids", "attention_mask", "position_ids", "option_mask")
+    output_name = "probabilities"
+
+    def __init__(self, ref: PackageRef, package: pkg.Decision3Package):
+        super().__init__(ref, package)
+        root = package.root
+        self.tokenizer = load_qwen2_tokenizer(root)
+        self.pad_id = pad_token_id(root, self.tokenizer)
+        codes, token_ids = derive_codes(self.tokenizer)
+        if codes != package.decision_config["codes"] or token_ids != package.decision_config["token_ids"]:
+            raise PackageError("codes / token_ids differ from the ones the tokenizer yields", "decision_config.json")
+        self.codes = codes
+        self._check_chat_template(root)
+        self._check_special_ids()
+
+    def _check_chat_template(self, root: Path) -> None:
+        template = root / "chat_template.jinja"
+        if not template.is_file():
+            raise PackageError("required file is missing", "chat_template.jinja")
+        digest = sha256_file(template)
+        synthetic = self.package.decision_config.get("base_model", "").startswith("synthetic/")
+        if not synthetic and digest[:8] not in KNOWN_CHAT_TEMPLATES:
+            raise PackageError(f"unknown chat template (sha256 {digest[:12]}…): the d3 renderer cannot vouch for it", "chat_template.jinja")
+
+    def _check_special_ids(self) -> None:
+        config = self.package.config
+        for key, token in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        ):
+            if key in config and self.tokenizer.token_to_id(token) != config[key]:
+                raise PackageError(f"{key} {config[key]} is not the tokenizer's id of {token}", "config.json")
+
+    @classmethod
+    def detect(cls, root: Path) -> bool:
+        return pkg.detect(root)
+
+    @classmethod
+    def open(cls, ref: PackageRef, **_: Any) -> "Decision3Family":
+        return cls(ref, pkg.verify(ref.path))
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self.package.max_input_tokens
+
+    @property
+    def noncausal(self) -> bool:
+        return self.package.attention_mode == "noncausal_full_attention"
+
+    def build_text_model(self, dtype: torch.dtype) -> torch.nn.Module:
+        package = self.package
+        files = [package.root / rel for rel in package.weight_files]
+        tensors = read_tensors(files, package.text_prefix, package.root)
+        config = text_config_from_dict("qwen3_5_text", package.config["text_config"])
+        return build_text_model("qwen3_5_text", config, tensors, dtype, package.weight_files[0])
+
+    def build_readout(self) -> CodeReadout:
+        weight = load_file(str(self.package.root / "readout.safetensors"))["weight"]
+        return CodeReadout(weight, self.package.temperature)
+
+    def build_module(self, numerics: Numerics, device: torch.device) -> torch.nn.Module:
+        module = Decision3Module(self.build_text_model(numerics.parameter_dtype), self.build_readout(), self.noncausal)
+        loaded = sum(p.numel() for p in module.text_model.parameters()) + module.readout.weight.numel()
+        expected = self.package.parameters["text"] + self.package.parameters["readout"]
+        if loaded != expected:
+            raise PackageError(f"loaded {loaded} parameters, the manifest says {expected}", "MODEL_MANIFEST.json")
+        return module.to(device).eval()
+
+    def render(self, state: Any, question: Question) -> RenderedQuestion:
+        return render_question(state, question, self.tokenizer, self.codes, self.max_input_tokens)
+
+    def batches(self, rendered: list[RenderedQuestion]) -> list[Batch]:
+        return [
+            Batch(inputs=batch_rows(rendered[start : start + BATCH_SIZE], self.pad_id), items=rendered[start : start + BATCH_SIZE])
+            for start in range(0, len(rendered), BATCH_SIZE)
+        ]
+
+    def answer(self, item: RenderedQuestion, output_row: np.ndarray) -> dict:
+        return answer_from_probabilities(item.question, output_row.astype(np.float64).tolist())
+
+    def card(self) -> dict:
+        card = super().card()
+        card.update(
+            {
+                "repo": self.package.repo_id,
+                "attention_mode": self.package.attention_mode,
+                "parameters": self.package.parameters["loaded"],
+                "question_types": ["choice", "noul", "score"],
+                "modalities": ["text"],
+            }
+        )
+        return card

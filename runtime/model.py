@@ -1,0 +1,107 @@
+"""A loaded decision model: one request path (validate, render, forward, answer) for every profile."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.devices import Device, parse_device
+from runtime.families import detect_family
+from runtime.families.answers import error_answer
+from runtime.families.base import Family
+from runtime.profiles import build_engine
+from runtime.packages.resolve import resolve_package
+
+
+@dataclass
+class Response:
+    answers: dict[str, dict]
+    input_tokens: int
+
+
+class DecisionModel:
+    def __init__(self, family: Family, engine: Any, profile: str, device: Device, dtype: str):
+        self.family = family
+        self.engine = engine
+        self.profile = profile
+        self.device = device
+        self.dtype = dtype
+
+    @property
+    def name(self) -> str:
+        return self.family.model_name
+
+    def ask(self, state: Any, questions: Any) -> dict[str, dict]:
+        """Answers keyed by question id in request order (per-question errors in place)."""
+        return self.respond(state, questions).answers
+
+    def respond(self, state: Any, questions: Any) -> Response:
+        plan = self.family.plan(state, questions)
+        produced: dict[str, dict] = dict(plan.errors)
+        for batch in plan.batches:
+            outputs = self.engine.forward(batch.inputs)
+            for item, row in zip(batch.items, outputs):
+                produced[item.question.id] = self._answer(item, row)
+        answers = {question.id: produced[question.id] for question in plan.questions}
+        return Response(answers=answers, input_tokens=plan.input_tokens)
+
+    def _answer(self, item: Any, row: np.ndarray) -> dict:
+        question = item.question
+        if np.isnan(row[: len(question.options)]).any():
+            return error_answer(question.type, "invalid_model_output", "the model produced NaN scores")
+        try:
+            answer = self.family.answer(item, row)
+        except ValueError as exc:
+            return error_answer(question.type, "invalid_model_output", str(exc))
+        if any(isinstance(v, float) and not math.isfinite(v) for v in _floats(answer)):
+            return error_answer(question.type, "invalid_model_output", "the model produced a non-finite probability")
+        return answer
+
+    def card(self) -> dict:
+        ref = self.family.ref
+        card = {
+            "id": self.name,
+            "repo": ref.repo_id,
+            "revision": ref.revision,
+            "source": ref.source,
+            "path": str(ref.path),
+            "profile": self.profile,
+            "engine": self.engine.name,
+            "device": self.device.name,
+            "dtype": self.dtype,
+        }
+        card.update(self.family.card())
+        return card
+
+
+def _floats(answer: dict):
+    for value in answer.values():
+        if isinstance(value, dict):
+            yield from value.values()
+        else:
+            yield value
+
+
+def load(
+    package: str | os.PathLike,
+    device: str = "cpu",
+    profile: str = "exact",
+    *,
+    revision: str | None = None,
+    artifact: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    offline: bool | None = None,
+    base_path: str | os.PathLike | None = None,
+) -> DecisionModel:
+    """Resolve and verify a package, build the profile's engine, return a model with `ask(state, questions)`."""
+    target = parse_device(device)
+    ref = resolve_package(package, revision, cache_dir=cache_dir, offline=offline)
+    family_cls = detect_family(ref.path)
+    family = family_cls.open(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
+    engine, dtype = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
+    return DecisionModel(family, engine, profile, target, dtype)

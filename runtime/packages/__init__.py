@@ -1,0 +1,24 @@
+"""Model packages: where they come from (local dir, Hub id@rev) and the checks shared by every family."""
+
+from runtime.packages.files import (
+    canonical_json,
+    check_inventory,
+    list_package_files,
+    sha256_file,
+    sha256_bytes,
+)
+from runtime.packages.resolve import PackageRef, parse_model_ref, resolve_package
+from runtime.packages.safetensors_header import safetensors_element_count, safetensors_header
+
+__all__ = [
+    "PackageRef",
+    "canonical_json",
+    "check_inventory",
+    "list_package_files",
+    "parse_model_ref",
+    "resolve_package",
+    "safetensors_element_count",
+    "safetensors_header",
+    "sha256_bytes",
+    "sha256_file",
+]

@@ -1,0 +1,111 @@
+"""Resolve MODEL[@REV] to a local package directory: a local path, or a pinned Hub snapshot."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.errors import PackageError
+from runtime.packages.releases import find_release
+
+FULL_REVISION = re.compile(r"^[0-9a-f]{40}$")
+CACHE_ENV = "VLLM_SR_RUNTIME_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class PackageRef:
+    """Where a package came from, kept for the model card."""
+
+    path: Path
+    repo_id: str | None
+    revision: str | None
+    source: str  # "local" or "hub"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-sr-runtime"
+
+
+def parse_model_ref(text: str) -> tuple[str, str | None]:
+    """`repo@rev` -> (repo, rev). A local path containing '@' is taken whole when it exists."""
+    if Path(text).exists() or "@" not in text:
+        return text, None
+    name, _, revision = text.rpartition("@")
+    return name, revision or None
+
+
+def resolve_package(
+    model: str | os.PathLike,
+    revision: str | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    offline: bool | None = None,
+    endpoint: str | None = None,
+) -> PackageRef:
+    text = os.fspath(model)
+    name, ref_revision = parse_model_ref(text)
+    if revision and ref_revision and revision != ref_revision:
+        raise PackageError(f"two revisions given for {name}: {ref_revision} and {revision}")
+    revision = revision or ref_revision
+    local = Path(name).expanduser()
+    if local.exists():
+        if revision:
+            raise PackageError("a local package directory takes no @revision", str(local))
+        if not local.is_dir():
+            raise PackageError("not a package directory", str(local))
+        return PackageRef(path=local.resolve(), repo_id=None, revision=None, source="local")
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise PackageError(f"no such local package directory, and not a Hub repo id (owner/name): {name}")
+    return _resolve_hub(name, revision, cache_dir=cache_dir, offline=offline, endpoint=endpoint)
+
+
+def _resolve_hub(
+    repo_id: str,
+    revision: str | None,
+    *,
+    cache_dir: str | os.PathLike | None,
+    offline: bool | None,
+    endpoint: str | None,
+) -> PackageRef:
+    release = find_release(repo_id)
+    if revision is None:
+        if release is None:
+            raise PackageError(f"{repo_id} is not a built-in release: pin it with {repo_id}@<40-hex revision>")
+        if not release.revision_is_full:
+            raise PackageError(
+                f"only the revision prefix {release.revision} of {repo_id} is public; "
+                f"pass the full 40-hex commit as {repo_id}@<revision>"
+            )
+        revision = release.revision
+    revision = revision.lower()
+    if not FULL_REVISION.match(revision):
+        raise PackageError(f"revision must be a 40-hex commit, got {revision!r} (branches and tags move)")
+    if release is not None and not revision.startswith(release.revision):
+        raise PackageError(f"{repo_id}@{revision} is not the pinned release (expected {release.revision}…)")
+
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    if offline is None:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    try:
+        path = snapshot_download(
+            repo_id=repo_id,
+            revision=revision,
+            cache_dir=str(cache / "hub"),
+            local_files_only=offline,
+            endpoint=endpoint or os.environ.get("HF_ENDPOINT") or None,
+        )
+    except LocalEntryNotFoundError:
+        raise PackageError(f"{repo_id}@{revision} is not in the cache {cache} and --offline is set") from None
+    except HfHubHTTPError as exc:
+        raise PackageError(f"download of {repo_id}@{revision} failed: {exc}") from None
+    except OSError as exc:
+        raise PackageError(f"download of {repo_id}@{revision} failed: {exc}") from None
+    return PackageRef(path=Path(path), repo_id=repo_id, revision=revision, source="hub")

@@ -1,0 +1,37 @@
+"""Profiles: a policy over engine, dtype and scheduling. Each builds the engine a loaded model runs on."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from runtime.devices import Device
+from runtime.engines.torch import TorchEngine
+from runtime.errors import InvalidRequest
+from runtime.families.base import Family
+from runtime.numerics import numerics_for
+
+EngineFactory = Callable[..., object]
+
+
+def _exact(family: Family, device: Device, **_: object):
+    numerics = numerics_for(family.name, device.device_class)
+    module = family.build_module(numerics, device.torch_device)
+    return TorchEngine(module, device.torch_device, family.input_names), numerics.label
+
+
+PROFILES: dict[str, EngineFactory] = {"exact": _exact}
+KNOWN_PROFILES = ("exact", "shared_context", "batching", "max_speed")
+
+
+def register_profile(name: str, factory: EngineFactory) -> None:
+    if name in PROFILES:
+        raise ValueError(f"profile {name} is already registered")
+    PROFILES[name] = factory
+
+
+def build_engine(profile: str, family: Family, device: Device, **options: object):
+    if profile not in PROFILES:
+        if profile in KNOWN_PROFILES:
+            raise InvalidRequest(f"profile {profile!r} is not available in this build (available: {', '.join(PROFILES)})")
+        raise InvalidRequest(f"unknown profile {profile!r} (one of {', '.join(KNOWN_PROFILES)})")
+    return PROFILES[profile](family, device, **options)

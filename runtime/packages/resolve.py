@@ -104,8 +104,7 @@ def _resolve_hub(
         )
     except LocalEntryNotFoundError:
         raise PackageError(f"{repo_id}@{revision} is not in the cache {cache} and --offline is set") from None
-    except HfHubHTTPError as exc:
-        raise PackageError(f"download of {repo_id}@{revision} failed: {exc}") from None
-    except OSError as exc:
-        raise PackageError(f"download of {repo_id}@{revision} failed: {exc}") from None
+    except (HfHubHTTPError, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PackageError(f"download of {repo_id}@{revision} failed: {reason}") from None
     return PackageRef(path=Path(path), repo_id=repo_id, revision=revision, source="hub")

@@ -44,11 +44,14 @@ def model_sha256(files_sha256: dict[str, str], base_files_sha256: dict[str, str]
 
 
 def detect(root: Path) -> bool:
-    try:
-        pointer = read_json(root, "config.json")
-    except PackageError:
-        return False
-    return pointer.get("decision_format") == "vllm-sr-decision"
+    """By the manifest's schema (so a damaged pointer is still reported as damaged), else by the pointer."""
+    for rel, key, value in ((MANIFEST_NAME, "schema", MANIFEST_SCHEMA), ("config.json", "decision_format", "vllm-sr-decision")):
+        try:
+            if read_json(root, rel).get(key) == value:
+                return True
+        except PackageError:
+            continue
+    return False
 
 
 @dataclass

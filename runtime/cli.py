@@ -1,0 +1,124 @@
+"""`vllm-sr-runtime`: serve | export | parity | bench | fixture | verify | models."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from runtime.errors import RuntimeServiceError
+
+
+def _add_source_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache-dir", help="package cache (default $VLLM_SR_RUNTIME_CACHE_DIR or ~/.cache/vllm-sr-runtime)")
+    parser.add_argument("--offline", action="store_true", help="never reach a hub; use the cache only")
+    parser.add_argument("--base-path", help="local copy of an adapter package's pinned base checkpoint")
+
+
+def cmd_fixture(args: argparse.Namespace) -> int:
+    from runtime.fixtures.writer import write_fixture
+
+    written = write_fixture(
+        args.family,
+        Path(args.out),
+        backbone=args.backbone,
+        size=args.size,
+        seed=args.seed,
+        adapter=args.adapter,
+        calibrated=args.calibrated,
+        readout_scale=args.readout_scale,
+        attention_mode=args.attention_mode,
+    )
+    for path in written:
+        print(path)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from runtime.families import detect_family
+    from runtime.packages.resolve import resolve_package
+
+    ref = resolve_package(args.package, cache_dir=args.cache_dir, offline=args.offline or None)
+    family_cls = detect_family(ref.path)
+    family = family_cls.open(ref, base_path=Path(args.base_path) if args.base_path else None, cache_dir=args.cache_dir, offline=args.offline or None)
+    package = family.package
+    origin = f"{ref.repo_id}@{ref.revision}" if ref.repo_id else str(ref.path)
+    print(
+        f"ok: {family.name} {package.model_name} ({origin}) model_sha256={package.model_sha256} "
+        f"max_input_tokens={family.max_input_tokens} verification={'pinned' if ref.repo_id else 'local'}"
+    )
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from runtime.packages.releases import RELEASES
+
+    if args.json:
+        print(json.dumps([release.to_json() for release in RELEASES], indent=2))
+        return 0
+    print(f"{'repo':34} {'family':10} {'revision':42} {'backbone':18} {'parameters':>15}")
+    for release in RELEASES:
+        revision = release.revision if release.revision_is_full else f"{release.revision}… (prefix: pass @<40-hex>)"
+        params = f"{release.loaded_parameters:,}" if release.loaded_parameters else "-"
+        print(f"{release.repo_id:34} {release.family:10} {revision:42} {release.backbone:18} {params:>15}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-sr-runtime", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    fixture = sub.add_parser("fixture", help="write a deterministic synthetic (random-weight) package")
+    fixture.add_argument("--family", required=True, choices=["decision2", "decision3"])
+    fixture.add_argument("--backbone", choices=["qwen3", "qwen3_5"], help="decision2 only (default qwen3_5)")
+    fixture.add_argument("--adapter", action="store_true", help="decision2: base checkpoint + LoRA adapter (Vega layout)")
+    fixture.add_argument("--size", default="tiny", help="tiny, or real dimensions: lite, nano (decision3); eos, sol, kai (decision2)")
+    fixture.add_argument("--seed", type=int, default=0)
+    fixture.add_argument("--calibrated", action="store_true", help="decision2: add score offsets and per-type temperatures")
+    fixture.add_argument("--readout-scale", type=float, default=1.0, help="scale the readout so answers are confident (e.g. 8)")
+    fixture.add_argument("--attention-mode", default="noncausal_full_attention", choices=["causal", "noncausal_full_attention"])
+    fixture.add_argument("--out", required=True)
+    fixture.set_defaults(func=cmd_fixture)
+
+    verify = sub.add_parser("verify", help="verify a package (local dir or REPO@REV) without loading it")
+    verify.add_argument("package", help="PATH or REPO@40-hex-REV")
+    _add_source_options(verify)
+    verify.set_defaults(func=cmd_verify)
+
+    models = sub.add_parser("models", help="list the built-in pinned releases")
+    models.add_argument("--json", action="store_true")
+    models.set_defaults(func=cmd_models)
+
+    for register in _optional_commands():
+        register(sub)
+    return parser
+
+
+def _optional_commands():
+    """Subcommands whose modules pull heavier dependencies register themselves lazily."""
+    from runtime import commands
+
+    return commands.REGISTRARS
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except RuntimeServiceError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+"""Registrars for the subcommands that live in their own modules (serve, export, parity, bench)."""
+
+REGISTRARS: list = []

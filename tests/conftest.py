@@ -1,0 +1,53 @@
+"""Shared test fixtures: tiny synthetic packages of every family, written once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from runtime.fixtures.writer import write_fixture  # noqa: E402
+
+# name -> (family, options)
+PACKAGE_KINDS = {
+    "d2_qwen3": ("decision2", {"backbone": "qwen3"}),
+    "d2_qwen3_5": ("decision2", {"backbone": "qwen3_5"}),
+    "d2_lora": ("decision2", {"backbone": "qwen3_5", "adapter": True}),
+    "d2_calibrated": ("decision2", {"backbone": "qwen3_5", "calibrated": True}),
+    "d3": ("decision3", {}),
+    "d3_causal": ("decision3", {"attention_mode": "causal"}),
+}
+
+
+@pytest.fixture(scope="session")
+def packages(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("packages")
+    written = {}
+    for name, (family, options) in PACKAGE_KINDS.items():
+        written[name] = write_fixture(family, root / name, **options)[0]
+    return written
+
+
+def load_kwargs(name: str, path: Path) -> dict:
+    return {"base_path": path.parent / f"{path.name}-base"} if name == "d2_lora" else {}
+
+
+@pytest.fixture(scope="session")
+def models(packages):
+    """Lazily loaded exact-profile models, shared by the tests of a session."""
+    import runtime
+
+    cache: dict[str, object] = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = runtime.load(packages[name], **load_kwargs(name, packages[name]))
+        return cache[name]
+
+    return get

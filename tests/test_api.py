@@ -1,0 +1,158 @@
+"""runtime.load / ask: answers, per-question errors, limits, devices, profiles."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import runtime
+from runtime.devices import parse_device
+from runtime.errors import InvalidRequest, UnsupportedDeviceError
+
+STATE = "Write a Python function that merges two sorted lists and explain its running time."
+FAMILIES = ["d2_qwen3_5", "d3"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_answers_have_the_contract_shape(models, name):
+    answers = models(name).ask(
+        STATE,
+        {
+            "domain": {"type": "choice", "instructions": "Domain?", "criteria": {"code": "Programming", "math": None, "law": "Legal"}},
+            "reasoning": {"type": "noul", "instructions": "Needs reasoning?"},
+            "difficulty": {"type": "score", "instructions": "How hard?", "criteria": ["easy", "medium", "hard"]},
+        },
+    )
+    assert list(answers) == ["domain", "reasoning", "difficulty"]
+    domain = answers["domain"]
+    assert domain["type"] == "choice" and domain["choice"] in ("code", "math", "law")
+    assert math.isclose(sum(domain["probabilities"].values()), 1.0, abs_tol=1e-12)
+    assert domain["choice"] == max(domain["probabilities"], key=domain["probabilities"].get)
+    assert 0.0 <= domain["confidence"] <= 1.0
+    assert set(answers["reasoning"]) == {"type", "noul"} and 0 < answers["reasoning"]["noul"] < 1
+    score = answers["difficulty"]
+    assert 0 <= score["score"] <= 2 and score["legend"] == {"0": "easy", "1": "medium", "2": "hard"}
+    assert math.isclose(score["score"], sum(int(k) * p for k, p in score["probabilities"].items()), abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_invalid_question_is_reported_in_place_and_siblings_answered(models, name):
+    model = models(name)
+    good = {"type": "noul", "instructions": "Is it code?"}
+    alone = model.ask(STATE, {"good": good})["good"]
+    answers = model.ask(
+        STATE,
+        {
+            "bad_noul": {"type": "noul", "criteria": {"maybe": "x"}},
+            "good": good,
+            "dup_levels": {"type": "score", "criteria": ["a", "a"]},
+            "empty_level": {"type": "score", "criteria": ["a", ""]},
+        },
+    )
+    assert answers["bad_noul"] == {"type": "noul", "error": "invalid_question", "message": answers["bad_noul"]["message"]}
+    assert "false and true" in answers["bad_noul"]["message"]
+    assert answers["dup_levels"]["error"] == "invalid_question" and "distinct" in answers["dup_levels"]["message"]
+    assert answers["empty_level"]["error"] == "invalid_question"
+    assert abs(answers["good"]["noul"] - alone["noul"]) <= 1e-6
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_max_length_exceeded_is_never_truncated(models, name):
+    model = models(name)
+    long_state = "word " * 5000
+    answers = model.ask(long_state, {"q": {"type": "noul", "instructions": "ok?"}})
+    assert answers["q"]["error"] == "max_length_exceeded"
+    assert str(model.family.max_input_tokens) in answers["q"]["message"]
+
+
+@pytest.mark.parametrize(
+    "questions,message",
+    [
+        ({}, "non-empty"),
+        ({f"q{i}": {"type": "noul"} for i in range(65)}, "at most 64"),
+        ({"q": {"type": "choice", "criteria": {"only": None}}}, "2..255"),
+        ({"q": {"type": "choice", "criteria": {f"k{i}": None for i in range(256)}}}, "2..255"),
+        ({"q": {"type": "score", "criteria": ["one"]}}, "2..10"),
+        ({"q": {"type": "score", "criteria": [str(i) for i in range(11)]}}, "2..10"),
+        ({"q": {"type": "rank", "criteria": []}}, "type"),
+        ({"q": {"type": "noul", "extra": 1}}, "unknown field"),
+        ({"q": {"type": "choice", "criteria": ["a", "b"]}}, "criteria"),
+    ],
+)
+def test_request_limits(models, questions, message):
+    with pytest.raises(InvalidRequest, match=message):
+        models("d3").ask(STATE, questions)
+
+
+def test_limits_at_the_edges_are_answered(models):
+    model = models("d3")
+    answers = model.ask(
+        "s",
+        {
+            "wide": {"type": "choice", "criteria": {f"k{i}": None for i in range(255)}},
+            "two": {"type": "choice", "criteria": {"a": None, "b": None}},
+            "ten": {"type": "score", "criteria": [f"level {i}" for i in range(10)]},
+        },
+    )
+    assert len(answers["wide"]["probabilities"]) == 255
+    assert len(answers["ten"]["probabilities"]) == 10
+    assert len(model.ask("s", {f"q{i}": {"type": "noul"} for i in range(64)})) == 64
+
+
+def test_calibration_changes_answers_as_declared(models):
+    plain, calibrated = models("d2_qwen3_5"), models("d2_calibrated")
+    assert calibrated.family.package.temperature_by_type == {"choice": 0.8, "noul": 1.25, "score": 1.5}
+    assert calibrated.family.package.score_offsets[3] == [0.25, 0.0, -0.25]
+    answer = calibrated.ask(STATE, {"s": {"type": "score", "criteria": ["a", "b", "c"]}})["s"]
+    assert math.isclose(sum(answer["probabilities"].values()), 1.0, abs_tol=1e-12)
+    assert plain.family.package.temperature_by_type == {"choice": 1.0, "noul": 1.0, "score": 1.0}
+
+
+def test_model_card_reports_what_runs(models):
+    card = models("d3").card()
+    assert card["family"] == "decision3" and card["profile"] == "exact" and card["engine"] == "torch"
+    assert card["device"] == "cpu" and card["dtype"] == "fp32" and card["attention_mode"] == "noncausal_full_attention"
+    assert len(card["model_sha256"]) == 64
+
+
+def test_devices():
+    assert parse_device("cpu").torch_device.type == "cpu"
+    assert parse_device("auto", probe=lambda: None).kind == "cpu"
+    assert parse_device("auto", probe=lambda: "rocm").name == "rocm:0"
+    assert parse_device("rocm:1", probe=lambda: "rocm", count=lambda: 2).torch_device.index == 1
+    with pytest.raises(UnsupportedDeviceError, match="no GPU"):
+        parse_device("cuda", probe=lambda: None)
+    with pytest.raises(UnsupportedDeviceError, match="sees rocm"):
+        parse_device("cuda:0", probe=lambda: "rocm")
+    with pytest.raises(UnsupportedDeviceError, match="1 cuda device"):
+        parse_device("cuda:3", probe=lambda: "cuda", count=lambda: 1)
+    with pytest.raises(UnsupportedDeviceError, match="one of"):
+        parse_device("tpu")
+
+
+def test_load_errors_are_clear(packages):
+    if parse_device("auto").kind == "cpu":
+        with pytest.raises(UnsupportedDeviceError):
+            runtime.load(packages["d3"], device="cuda")
+    with pytest.raises(InvalidRequest, match="unknown profile"):
+        runtime.load(packages["d3"], profile="warp_speed")
+
+
+def test_adapter_merge_matches_unmerged(packages, models):
+    from runtime.families.decision2.family import Decision2Family
+    from runtime.numerics import numerics_for
+    from runtime.engines.torch import TorchEngine
+    from runtime.model import DecisionModel
+    from runtime.devices import parse_device as device
+
+    unmerged = models("d2_lora")
+    family = Decision2Family.open(unmerged.family.ref, base_path=unmerged.family.package.base.path)
+    family.merge_adapter = True
+    module = family.build_module(numerics_for("decision2", "cpu"), device("cpu").torch_device)
+    assert not any("lora_" in name for name, _ in module.named_parameters())
+    merged = DecisionModel(family, TorchEngine(module, device("cpu").torch_device, family.input_names), "exact", device("cpu"), "fp32")
+    questions = {"q": {"type": "choice", "criteria": {"a": "first", "b": "second", "c": "third"}}}
+    left, right = unmerged.ask(STATE, questions)["q"], merged.ask(STATE, questions)["q"]
+    for key in left["probabilities"]:
+        assert abs(left["probabilities"][key] - right["probabilities"][key]) <= 1e-5

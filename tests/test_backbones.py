@@ -1,0 +1,150 @@
+"""Our backbones against transformers' own loading, the non-causal mode, and batch-composition invariance."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3Model, Qwen3_5TextConfig, Qwen3_5TextModel
+from transformers.masking_utils import create_recurrent_attention_mask
+
+from conftest import load_kwargs
+
+torch.manual_seed(0)
+
+
+def sample_ids(rows: int, length: int, vocab: int = 1600, pad_left: int = 0, pad_right: int = 0):
+    ids = torch.randint(0, vocab, (rows, length))
+    mask = torch.ones(rows, length, dtype=torch.long)
+    if pad_left:
+        mask[0, :pad_left] = 0
+    if pad_right:
+        mask[-1, length - pad_right :] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("name,cls", [("d2_qwen3", Qwen3Model), ("d2_qwen3_5", Qwen3_5TextModel)])
+def test_decision2_backbone_bit_identical_to_transformers(packages, models, name, cls):
+    reference = cls.from_pretrained(str(packages[name] / "backbone"), dtype=torch.float32, attn_implementation="sdpa").eval()
+    ours = models(name).engine.module.backbone
+    ids, mask = sample_ids(3, 29, pad_right=5)
+    with torch.inference_mode():
+        expected = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+        actual = ours(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert torch.equal(actual, expected)
+
+
+def test_decision2_adapter_bit_identical_to_transformers_plus_peft(packages, models):
+    from peft import PeftModel
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    base_dir = load_kwargs("d2_lora", packages["d2_lora"])["base_path"]
+    full = Qwen3_5ForConditionalGeneration.from_pretrained(str(base_dir), dtype=torch.float32, attn_implementation="sdpa")
+    text = full.model.language_model.eval()
+    reference = PeftModel.from_pretrained(text, str(packages["d2_lora"] / "adapter"), is_trainable=False).eval()
+    ours = models("d2_lora").engine.module.backbone
+    ids, mask = sample_ids(2, 21, pad_right=3)
+    with torch.inference_mode():
+        expected = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+        actual = ours(input_ids=ids, attention_mask=mask).last_hidden_state
+        base_only = Qwen3_5TextModel.from_pretrained(
+            str(base_dir), config=full.config.text_config, key_mapping={r"^model\.language_model\.": ""}, dtype=torch.float32
+        ).eval()(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert torch.equal(actual, expected)
+    assert not torch.allclose(actual, base_only, atol=1e-4)  # the adapter is really applied
+
+
+def reference_d3(package_dir, noncausal: bool):
+    config = json.loads((package_dir / "config.json").read_text())["text_config"]
+    text_config = Qwen3_5TextConfig(**{k: v for k, v in config.items() if k not in ("model_type", "architectures")})
+    model = Qwen3_5TextModel.from_pretrained(
+        str(package_dir), config=text_config, key_mapping={r"^language_model\.": ""}, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+    if noncausal:  # the released runtime's forward pre-hook, written independently here
+
+        def hook(module, args, kwargs):
+            mask = kwargs["attention_mask"]
+            embeds = module.embed_tokens(kwargs["input_ids"])
+            kwargs["attention_mask"] = {
+                "full_attention": mask.bool()[:, None, None, :],
+                "linear_attention": create_recurrent_attention_mask(config=module.config, inputs_embeds=embeds, attention_mask=mask),
+            }
+            return args, kwargs
+
+        model.register_forward_pre_hook(hook, with_kwargs=True)
+    return model
+
+
+@pytest.mark.parametrize("name,noncausal", [("d3", True), ("d3_causal", False)])
+def test_decision3_text_tower_bit_identical_to_transformers(packages, models, name, noncausal):
+    reference = reference_d3(packages[name], noncausal)
+    module = models(name).engine.module
+    ids, mask = sample_ids(3, 31, pad_left=6)
+    positions = torch.arange(31).expand(3, -1)
+    with torch.inference_mode():
+        expected = reference(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
+        actual = module.hidden_states(ids, mask, positions)
+    assert torch.equal(actual, expected)
+
+
+def mixer_outputs(module, ids, mask):
+    outputs = {}
+    hooks = []
+    for index, layer in enumerate(module.text_model.layers):
+        mixer = layer.linear_attn if layer.block_type == "linear_attention" else layer.self_attn
+
+        def save(_, __, out, index=index, kind=layer.block_type):
+            outputs[index] = (kind, (out[0] if isinstance(out, tuple) else out).clone())
+
+        hooks.append(mixer.register_forward_hook(save))
+    with torch.inference_mode():
+        module.hidden_states(ids, mask, torch.arange(ids.shape[1]).expand(ids.shape[0], -1))
+    for hook in hooks:
+        hook.remove()
+    return outputs
+
+
+@pytest.mark.parametrize("name,noncausal", [("d3", True), ("d3_causal", False)])
+def test_noncausal_mode_is_real(models, name, noncausal):
+    module = models(name).engine.module
+    ids, mask = sample_ids(1, 24)
+    changed = ids.clone()
+    changed[0, 20] = (changed[0, 20] + 1) % 1600
+    before, after = mixer_outputs(module, ids, mask), mixer_outputs(module, changed, mask)
+    kinds = {kind for kind, _ in before.values()}
+    assert kinds == {"linear_attention", "full_attention"}
+    for index, (kind, out) in before.items():
+        earlier_same = torch.equal(out[0, :20], after[index][1][0, :20])
+        if kind == "linear_attention":
+            assert earlier_same, f"GDN layer {index} saw the future"
+        elif noncausal:
+            assert not earlier_same, f"full-attention layer {index} is not bidirectional"
+        else:
+            assert earlier_same, f"causal full-attention layer {index} saw the future"
+
+
+QUESTIONS = {
+    "target": {"type": "choice", "instructions": "Which domain fits best?", "criteria": {"code": "Programming", "math": "Mathematics", "law": None}},
+    "n1": {"type": "noul", "instructions": "Is it about sorting?"},
+    "s1": {"type": "score", "instructions": "How hard is it?", "criteria": ["easy", "medium", "hard", "expert"]},
+    "c2": {"type": "choice", "instructions": "A much longer question that makes this row the widest of the batch by far, on purpose.", "criteria": {f"k{i}": f"option number {i}" for i in range(12)}},
+    "n2": {"type": "noul", "instructions": "Short?"},
+    "s2": {"type": "score", "criteria": ["no", "yes"]},
+    "c3": {"type": "choice", "instructions": "x", "criteria": {"a": None, "b": None}},
+    "n3": {"type": "noul", "instructions": "Is the user asking for code and an explanation of running time?", "criteria": {"true": "yes it is", "false": "no"}},
+}
+
+
+@pytest.mark.parametrize("name", ["d2_qwen3", "d2_qwen3_5", "d2_lora", "d3", "d3_causal"])
+def test_batch_composition_does_not_change_answers(models, name):
+    model = models(name)
+    state = "Write a Python function that merges two sorted lists and explain its running time."
+    alone = model.ask(state, {"target": QUESTIONS["target"]})["target"]
+    together = model.ask(state, QUESTIONS)
+    assert list(together) == list(QUESTIONS)
+    for key, p in alone["probabilities"].items():
+        assert abs(together["target"]["probabilities"][key] - p) <= 1e-6
+    last = model.ask(state, dict(reversed(list(QUESTIONS.items()))))["target"]
+    assert np.allclose(list(last["probabilities"].values()), list(alone["probabilities"].values()), atol=1e-6, rtol=0)

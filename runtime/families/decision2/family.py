@@ -34,19 +34,16 @@ class Decision2Module(torch.nn.Module):
         self.head = head
         self.autocast_dtype = autocast_dtype
 
-    def forward(self, input_ids, attention_mask, option_index, option_mask, query_index):
-        if self.autocast_dtype is not None:
-            with torch.autocast(device_type=input_ids.device.type, dtype=self.autocast_dtype):
-                hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        else:
-            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids, attention_mask, position_ids, option_index, option_mask, query_index):
+        with torch.autocast(device_type=input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None):
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
         with torch.autocast(device_type=input_ids.device.type, enabled=False):
             return self.head(hidden, option_index, option_mask, query_index)
 
 
 class Decision2Family(Family):
     name = "decision2"
-    input_names = ("input_ids", "attention_mask", "option_index", "option_mask", "query_index")
+    input_names = ("input_ids", "attention_mask", "position_ids", "option_index", "option_mask", "query_index")
     output_name = "logits"
 
     def __init__(self, ref: PackageRef, package: pkg.Decision2Package):

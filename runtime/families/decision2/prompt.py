@@ -95,9 +95,11 @@ def batch_rows(rendered: list[RenderedQuestion], pad_id: int) -> dict[str, np.nd
         option_index[row, : len(item.option_ends)] = item.option_ends
         option_mask[row, : len(item.option_ends)] = True
         query_index[row] = item.query_index
+    position_ids = np.broadcast_to(np.arange(width, dtype=np.int64), (count, width)).copy()
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
+        "position_ids": position_ids,
         "option_index": option_index,
         "option_mask": option_mask,
         "query_index": query_index,

@@ -36,14 +36,18 @@ class Decision3Module(torch.nn.Module):
         self.text_model = text_model
         self.readout = readout
         self.noncausal = noncausal
+        # ONNX Attention does not broadcast the mask over query positions; the exporter sets this.
+        self.full_mask_over_queries = False
 
     def attention_masks(self, embeds: torch.Tensor, attention_mask: torch.Tensor):
         if not self.noncausal:
             return attention_mask
-        padding = attention_mask.bool()
+        full = attention_mask.bool()[:, None, None, :]
+        if self.full_mask_over_queries:
+            full = full.expand(-1, -1, attention_mask.shape[1], -1)
         return {
             # Bidirectional full attention: only pads are masked; always passed so SDPA never goes causal.
-            "full_attention": padding[:, None, None, :],
+            "full_attention": full,
             "linear_attention": create_recurrent_attention_mask(
                 config=self.text_model.config, inputs_embeds=embeds, attention_mask=attention_mask
             ),

@@ -1,0 +1,63 @@
+"""ONNX translations of the custom ops: ONNX Runtime contrib ops (com.microsoft) for fused kernels."""
+
+from __future__ import annotations
+
+import onnxscript
+from onnxscript import opset18 as op
+
+from export.contrib_schemas import register_contrib_schemas
+
+register_contrib_schemas()
+MSFT = onnxscript.values.Opset(domain="com.microsoft", version=1)
+L2_EPS = 1e-6  # transformers' l2norm: x * rsqrt(sum(x^2) + 1e-6); the contrib op's own qk_l2_norm differs
+
+
+def causal_conv1d_silu(x, weight):
+    """[B, C, T] x [C, K] -> CausalConvWithState (depthwise, causal, fused SiLU); the carry state is unused."""
+    kernel = op.Unsqueeze(weight, op.Constant(value_ints=[1]))
+    outputs = MSFT.CausalConvWithState(x, kernel, activation="silu", ndim=1, _outputs=2)
+    return outputs[0]
+
+
+def _l2norm(x):
+    total = op.ReduceSum(op.Mul(x, x), op.Constant(value_ints=[-1]), keepdims=1)
+    return op.Mul(x, op.Reciprocal(op.Sqrt(op.Add(total, op.CastLike(op.Constant(value_float=L2_EPS), total)))))
+
+
+def _repeat_heads(x, repeats: int):
+    """repeat_interleave over the head axis of [B, T, H, D] (inverse GQA maps head h to h // repeats)."""
+    if repeats == 1:
+        return x
+    expanded = op.Unsqueeze(x, op.Constant(value_ints=[3]))  # [B, T, H, 1, D]
+    shape = op.Shape(expanded)
+    target = op.Concat(op.Slice(shape, [0], [3]), op.Constant(value_ints=[repeats]), op.Slice(shape, [4], [5]), axis=0)
+    tiled = op.Expand(expanded, target)
+    return op.Reshape(tiled, op.Constant(value_ints=[0, 0, -1, 0]))
+
+
+def make_gated_delta_rule(value_heads: int, key_heads: int, key_dim: int):
+    """LinearAttention (update_rule gated_delta) on [B, T, H*D] packed heads, L2 norm in standard ops."""
+    repeats = value_heads // key_heads
+    scale = key_dim**-0.5
+
+    def gated_delta_rule(query, key, value, g, beta):
+        q = _repeat_heads(_l2norm(op.Cast(query, to=1)), repeats)
+        k = _repeat_heads(_l2norm(op.Cast(key, to=1)), repeats)
+        packed = op.Constant(value_ints=[0, 0, -1])
+        outputs = MSFT.LinearAttention(
+            op.Reshape(q, packed),
+            op.Reshape(k, packed),
+            op.Reshape(op.Cast(value, to=1), packed),
+            None,
+            op.Cast(g, to=1),
+            op.Cast(beta, to=1),
+            q_num_heads=value_heads,
+            kv_num_heads=value_heads,
+            update_rule="gated_delta",
+            scale=scale,
+            _outputs=2,
+        )
+        restored = op.Reshape(outputs[0], op.Constant(value_ints=[0, 0, value_heads, -1]))
+        return op.CastLike(restored, value)
+
+    return gated_delta_rule

@@ -19,7 +19,13 @@ def _exact(family: Family, device: Device, **_: object):
     return TorchEngine(module, device.torch_device, family.input_names), numerics.label
 
 
-PROFILES: dict[str, EngineFactory] = {"exact": _exact}
+def _max_speed(family: Family, device: Device, **options: object):
+    from runtime.engines.onnxruntime.profile import max_speed_engine
+
+    return max_speed_engine(family, device, **options)
+
+
+PROFILES: dict[str, EngineFactory] = {"exact": _exact, "max_speed": _max_speed}
 KNOWN_PROFILES = ("exact", "shared_context", "batching", "max_speed")
 
 

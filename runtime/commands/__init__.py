@@ -1,3 +1,5 @@
-"""Registrars for the subcommands that live in their own modules (serve, export, parity, bench)."""
+"""Registrars for the subcommands that live in their own modules (heavy imports happen when they run)."""
 
-REGISTRARS: list = []
+from runtime.commands import export_cmd
+
+REGISTRARS: list = [export_cmd.register]

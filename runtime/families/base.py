@@ -38,6 +38,8 @@ class Family(ABC):
     name: ClassVar[str]
     input_names: ClassVar[tuple[str, ...]]
     output_name: ClassVar[str]
+    # Axis names of each input that vary between calls (one exported graph serves them all).
+    dynamic_axes: ClassVar[dict[str, dict[int, str]]]
 
     def __init__(self, ref: PackageRef, package: Any):
         self.ref = ref

@@ -45,6 +45,14 @@ class Decision2Family(Family):
     name = "decision2"
     input_names = ("input_ids", "attention_mask", "position_ids", "option_index", "option_mask", "query_index")
     output_name = "logits"
+    dynamic_axes = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "sequence"},
+        "position_ids": {0: "batch", 1: "sequence"},
+        "option_index": {0: "batch", 1: "options"},
+        "option_mask": {0: "batch", 1: "options"},
+        "query_index": {0: "batch"},
+    }
 
     def __init__(self, ref: PackageRef, package: pkg.Decision2Package):
         super().__init__(ref, package)

@@ -72,6 +72,12 @@ class Decision3Family(Family):
     name = "decision3"
     input_names = ("input_ids", "attention_mask", "position_ids", "option_mask")
     output_name = "probabilities"
+    dynamic_axes = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "sequence"},
+        "position_ids": {0: "batch", 1: "sequence"},
+        "option_mask": {0: "batch"},
+    }
 
     def __init__(self, ref: PackageRef, package: pkg.Decision3Package):
         super().__init__(ref, package)

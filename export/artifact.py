@@ -1,0 +1,121 @@
+"""Artifact directories: written to a temporary sibling and renamed into place; verified by hashes on load."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from runtime.errors import ArtifactError
+from runtime.packages.files import list_package_files, sha256_file
+
+ARTIFACT_SCHEMA = "vllm-sr-runtime-artifact/1"
+ARTIFACT_FILE = "artifact.json"
+PARTIAL_MARK = ".partial-"
+
+
+def file_inventory(root: Path) -> dict[str, dict]:
+    return {
+        rel: {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+        for rel, path in sorted(list_package_files(root).items())
+        if rel != ARTIFACT_FILE
+    }
+
+
+def write_manifest(root: Path, manifest: dict) -> None:
+    manifest = {**manifest, "files": file_inventory(root)}
+    (root / ARTIFACT_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_artifact(root: Path) -> dict:
+    """The artifact's manifest after checking every file's size and hash (and that nothing is extra)."""
+    root = Path(root)
+    path = root / ARTIFACT_FILE
+    if not path.is_file():
+        raise ArtifactError(f"{root} is not an artifact (no {ARTIFACT_FILE})")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{path}: not valid JSON ({exc})") from None
+    if manifest.get("schema") != ARTIFACT_SCHEMA:
+        raise ArtifactError(f"{path}: schema {manifest.get('schema')!r} is not {ARTIFACT_SCHEMA}")
+    expected = manifest.get("files") or {}
+    on_disk = {rel for rel in list_package_files(root) if rel != ARTIFACT_FILE}
+    if on_disk != set(expected):
+        extra, missing = sorted(on_disk - set(expected)), sorted(set(expected) - on_disk)
+        raise ArtifactError(f"{root}: files differ from {ARTIFACT_FILE} (missing {missing[:3]}, extra {extra[:3]})")
+    for rel, entry in expected.items():
+        file = root / rel
+        if file.stat().st_size != entry["bytes"] or sha256_file(file) != entry["sha256"]:
+            raise ArtifactError(f"{root / rel}: size or sha256 differs from {ARTIFACT_FILE}")
+    return manifest
+
+
+def _remove_stale_partials(out: Path) -> None:
+    for stale in out.parent.glob(f".{out.name}{PARTIAL_MARK}*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def atomic_directory(out: Path):
+    """Yields a temporary directory next to `out`; on success it replaces `out` in one rename. On any failure
+    (exception, SIGTERM, Ctrl-C) the temporary directory is removed and `out`, if it existed, is untouched."""
+    out = Path(out).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(out)
+    temp = Path(tempfile.mkdtemp(prefix=f".{out.name}{PARTIAL_MARK}", suffix=f"-{os.getpid()}", dir=out.parent))
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    in_main = _is_main_thread()
+    if in_main:
+        signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield temp
+        _publishable(temp)
+        backup = None
+        if out.exists():
+            backup = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, backup)
+        os.rename(temp, out)
+        if backup is not None:
+            shutil.rmtree(backup, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _publishable(root: Path) -> None:
+    """mkdtemp makes a private directory; an artifact is read by other users (containers, read-only mounts)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(root, 0o777 & ~mask)
+    for path in root.rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,47 @@
+"""The max_speed profile: the family's rows through an exported artifact on ONNX Runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.devices import Device
+from runtime.engines.onnxruntime import PROVIDERS, OrtEngine
+from runtime.errors import ArtifactError
+from runtime.families.base import Family
+from runtime.packages.resolve import default_cache_dir
+
+
+def default_variant(device: Device) -> str:
+    return PROVIDERS[device.kind][2] or "contrib"
+
+
+def cached_artifact_dir(family: Family, variant: str, dtype: str, cache_dir=None) -> Path:
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    return root / "artifacts" / f"{family.model_name}@{family.package.model_sha256[:8]}" / f"{variant}-{dtype}"
+
+
+def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir=None, **_: object):
+    from export.artifact import read_artifact
+
+    variant = default_variant(device)
+    if artifact is None:
+        target = cached_artifact_dir(family, variant, "fp32", cache_dir)
+        if not (target / "artifact.json").is_file():
+            from export.exporter import export_family
+
+            export_family(family, target, variant=variant, dtype="fp32")
+        artifact = target
+    artifact = Path(artifact)
+    manifest = read_artifact(artifact)
+    source = manifest["source"]
+    if source["model_sha256"] != family.package.model_sha256:
+        raise ArtifactError(
+            f"artifact {artifact} was exported from model {source['model_sha256'][:12]}…, not this package "
+            f"({family.package.model_sha256[:12]}…)"
+        )
+    needed = PROVIDERS[device.kind][2]
+    if needed and manifest["variant"] != needed:
+        raise ArtifactError(f"device {device.name} needs the {needed} variant, artifact {artifact} is {manifest['variant']}")
+    engine = OrtEngine.from_file(artifact / manifest["model_file"], device_kind=device.kind, device_index=device.index, output_name=family.output_name)
+    engine.artifact = manifest
+    return engine, manifest["dtype"]

@@ -1,0 +1,206 @@
+"""Export: graphs with the fused GDN ops (or standard ops only), dynamic shapes, parity with exact, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import runtime
+from conftest import load_kwargs
+from export.artifact import read_artifact
+from export.exporter import export_package
+from runtime.errors import ArtifactError
+
+CASES = [("d2_qwen3", "contrib"), ("d2_qwen3_5", "contrib"), ("d2_lora", "contrib"), ("d3", "contrib"), ("d2_qwen3_5", "portable"), ("d3", "portable")]
+GDN = {"d2_qwen3_5", "d2_lora", "d3"}
+
+
+@pytest.fixture(scope="module")
+def artifacts(packages, tmp_path_factory):
+    root = tmp_path_factory.mktemp("artifacts")
+    made = {}
+    for name, variant in CASES:
+        out = root / f"{name}-{variant}"
+        export_package(packages[name], out, variant=variant, progress=False, **load_kwargs(name, packages[name]))
+        made[(name, variant)] = out
+    return made
+
+
+def all_ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    found = []
+
+    def visit(graph):
+        for node in graph.node:
+            found.append((node.domain or "ai.onnx", node.op_type))
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    visit(attribute.g)
+
+    visit(model.graph)
+    return found
+
+
+@pytest.mark.parametrize("name,variant", CASES)
+def test_graph_ops(artifacts, name, variant):
+    model = onnx.load(str(artifacts[(name, variant)] / "model.onnx"), load_external_data=False)
+    ops = all_ops(model)
+    manifest = json.loads((artifacts[(name, variant)] / "artifact.json").read_text())
+    if variant == "contrib" and name in GDN:
+        assert ("com.microsoft", "LinearAttention") in ops
+        assert ("com.microsoft", "CausalConvWithState") in ops
+        assert not any(op in ("Loop", "Scan") for _, op in ops), "recurrence must not be unrolled into loops"
+        assert "com.microsoft" in manifest["op_domains"]
+    if variant == "portable":
+        assert not any(domain == "com.microsoft" for domain, _ in ops)
+        assert manifest["op_domains"] == ["ai.onnx"]
+    assert manifest["variant"] == variant and manifest["dtype"] == "fp32"
+    assert manifest["op_counts"] == dict(sorted(manifest["op_counts"].items()))
+
+
+def random_rows(family, batch: int, length: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    ids = rng.integers(0, 1600, size=(batch, length), dtype=np.int64)
+    mask = np.ones((batch, length), dtype=np.int64)
+    lengths = [length] + [int(rng.integers(1, length + 1)) for _ in range(batch - 1)]
+    rows = {"input_ids": ids, "attention_mask": mask, "position_ids": np.broadcast_to(np.arange(length), (batch, length)).copy()}
+    if family.name == "decision3":
+        for row, used in enumerate(lengths):  # left padding
+            mask[row, : length - used] = 0
+            ids[row, : length - used] = family.pad_id
+        options = np.zeros((batch, 255), dtype=bool)
+        for row in range(batch):
+            options[row, : int(rng.integers(2, 41))] = True
+        rows["option_mask"] = options
+        return rows
+    for row, used in enumerate(lengths):  # right padding
+        mask[row, used:] = 0
+        ids[row, used:] = family.pad_id
+    width = 6
+    index = np.zeros((batch, width), dtype=np.int64)
+    opt_mask = np.zeros((batch, width), dtype=bool)
+    for row, used in enumerate(lengths):
+        count = min(width, used, int(rng.integers(2, width + 1)))
+        index[row, :count] = np.sort(rng.choice(used, size=count, replace=False))
+        opt_mask[row, :count] = True
+    rows.update(option_index=index, option_mask=opt_mask, query_index=np.array([used - 1 for used in lengths], dtype=np.int64))
+    return rows
+
+
+def probabilities(family, output: np.ndarray, rows) -> np.ndarray:
+    if family.name == "decision3":
+        return output
+    return torch.softmax(torch.from_numpy(output.astype(np.float64)), dim=-1).numpy()
+
+
+@pytest.mark.parametrize("name,variant", CASES)
+def test_one_artifact_serves_every_length_and_batch(artifacts, models, name, variant):
+    exact = models(name)
+    fast = runtime.load(exact.family.ref.path, profile="max_speed", artifact=artifacts[(name, variant)], **load_kwargs(name, exact.family.ref.path))
+    rng = np.random.default_rng(0)
+    for batch in (1, 8):
+        for length in (1, 7, 64, 300):
+            rows = random_rows(exact.family, batch, length, rng)
+            reference = probabilities(exact.family, exact.engine.forward(rows), rows)
+            graph = probabilities(exact.family, fast.engine.forward(rows), rows)
+            valid = rows["option_mask"]
+            diff = np.abs(np.where(valid, reference - graph, 0.0))
+            assert diff.max() <= 1e-4, (batch, length, diff.max())
+            assert np.array_equal(np.argmax(np.where(valid, reference, -1), -1), np.argmax(np.where(valid, graph, -1), -1))
+
+
+@pytest.mark.parametrize("name", ["d2_qwen3", "d2_lora", "d3"])
+def test_max_speed_answers_like_exact(artifacts, models, name):
+    exact = models(name)
+    fast = runtime.load(exact.family.ref.path, profile="max_speed", artifact=artifacts[(name, "contrib")], **load_kwargs(name, exact.family.ref.path))
+    assert fast.card()["engine"] == "onnxruntime" and fast.card()["profile"] == "max_speed"
+    questions = {
+        "domain": {"type": "choice", "instructions": "Domain?", "criteria": {f"k{i}": f"option {i}" for i in range(40)}},
+        "reasoning": {"type": "noul", "instructions": "Reasoning?"},
+        "difficulty": {"type": "score", "criteria": ["easy", "medium", "hard"]},
+        "bad": {"type": "noul", "criteria": {"x": 1}},
+    }
+    left, right = exact.ask("Merge two sorted lists.", questions), fast.ask("Merge two sorted lists.", questions)
+    assert right["bad"] == left["bad"]
+    for key in ("domain", "difficulty"):
+        assert right[key].get("choice") == left[key].get("choice")
+        for option, p in left[key]["probabilities"].items():
+            assert abs(right[key]["probabilities"][option] - p) <= 1e-4
+    assert abs(right["reasoning"]["noul"] - left["reasoning"]["noul"]) <= 1e-4
+
+
+def test_same_package_exports_to_the_same_hashes(artifacts, packages, tmp_path):
+    again = tmp_path / "again"
+    export_package(packages["d3"], again, progress=False)
+    first = json.loads((artifacts[("d3", "contrib")] / "artifact.json").read_text())
+    second = json.loads((again / "artifact.json").read_text())
+    assert first["files"] == second["files"]
+
+
+def test_tampered_or_foreign_artifact_is_refused(artifacts, packages, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(artifacts[("d3", "contrib")], copy)
+    data = bytearray((copy / "model.onnx.data").read_bytes())
+    data[100] ^= 1
+    (copy / "model.onnx.data").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="model.onnx.data"):
+        read_artifact(copy)
+    with pytest.raises(ArtifactError, match="not this package"):
+        runtime.load(packages["d3_causal"], profile="max_speed", artifact=artifacts[("d3", "contrib")])
+
+
+def test_first_use_exports_into_the_cache(packages, tmp_path):
+    model = runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path)
+    made = list((tmp_path / "artifacts").glob("*/contrib-fp32/artifact.json"))
+    assert len(made) == 1
+    stamp = made[0].stat().st_mtime_ns
+    again = runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path)
+    assert made[0].stat().st_mtime_ns == stamp  # reused, not exported again
+    assert again.ask("s", {"q": {"type": "noul"}}) == model.ask("s", {"q": {"type": "noul"}})
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_interrupted_export_leaves_no_artifact(packages, tmp_path, sig):
+    out = tmp_path / "artifact"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "export", str(packages["d2_qwen3_5"]), "--out", str(out), "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(tmp_path.glob(".artifact.partial-*")):
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".artifact.partial-*")), "the export never reached its write phase"
+    os.kill(process.pid, sig)
+    process.wait(timeout=60)
+    assert not out.exists()
+    if sig == signal.SIGTERM:
+        assert not list(tmp_path.glob(".artifact.partial-*"))  # cleaned up on the way out
+    else:
+        export_package(packages["d2_qwen3_5"], out, progress=False)  # a later export clears the stale partial
+        assert out.is_dir() and not list(tmp_path.glob(".artifact.partial-*"))
+
+
+def test_failed_export_keeps_what_was_there(packages, artifacts, tmp_path, monkeypatch):
+    import shutil
+
+    from export import exporter
+
+    out = tmp_path / "kept"
+    shutil.copytree(artifacts[("d3", "contrib")], out)
+    before = (out / "artifact.json").read_bytes()
+    monkeypatch.setattr(exporter, "SMOKE_TOLERANCE", {"fp32": -1.0})  # any difference fails the smoke parity
+    with pytest.raises(ArtifactError, match="smoke parity"):
+        export_package(packages["d3"], out, progress=False)
+    assert (out / "artifact.json").read_bytes() == before
+    assert not list(tmp_path.glob(".kept.partial-*"))

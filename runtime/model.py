@@ -13,7 +13,7 @@ import numpy as np
 from runtime.devices import Device, parse_device
 from runtime.families import detect_family
 from runtime.families.answers import error_answer
-from runtime.families.base import Family
+from runtime.families.base import Family, Plan
 from runtime.profiles import build_engine
 from runtime.packages.resolve import resolve_package
 
@@ -41,10 +41,19 @@ class DecisionModel:
         return self.respond(state, questions).answers
 
     def respond(self, state: Any, questions: Any) -> Response:
-        plan = self.family.plan(state, questions)
+        return self.execute(self.plan(state, questions))
+
+    def plan(self, state: Any, questions: Any) -> Plan:
+        """Validate and render (request thread): raises InvalidRequest for request-level errors."""
+        return self.family.plan(state, questions)
+
+    def execute(self, plan: Plan, on_batch=None) -> Response:
+        """Run the plan's passes on the engine (the device owner's thread) and assemble the answers."""
         produced: dict[str, dict] = dict(plan.errors)
         for batch in plan.batches:
             outputs = self.engine.forward(batch.inputs)
+            if on_batch is not None:
+                on_batch(batch)
             for item, row in zip(batch.items, outputs):
                 produced[item.question.id] = self._answer(item, row)
         answers = {question.id: produced[question.id] for question in plan.questions}

@@ -1,0 +1,93 @@
+"""`vllm-sr-runtime serve [MODEL[@REV] | DIR ...] [--models FILE] ...`: the HTTP server under gunicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from runtime.server.config import DEFAULT_DEADLINE_MS, DEFAULT_MAX_REQUEST_BYTES, ModelSpec, ServeConfig, check_names, load_models_file
+
+DEFAULT_FIXTURE = "synthetic-d3-tiny"
+
+
+def default_model(cache_dir: str | None) -> str:
+    """A tiny synthetic Decision 3.0 package in the cache, created on first use (so a first command works)."""
+    from export.artifact import atomic_directory
+    from runtime.fixtures.decision3 import write_decision3
+    from runtime.packages.resolve import default_cache_dir
+
+    target = (Path(cache_dir) if cache_dir else default_cache_dir()) / "fixtures" / DEFAULT_FIXTURE
+    if not (target / "MODEL_MANIFEST.json").is_file():
+        print(f"no model given: writing a tiny synthetic Decision 3.0 package to {target}")
+        with atomic_directory(target) as temp:
+            write_decision3(temp)
+    return str(target)
+
+
+def build_config(args: argparse.Namespace) -> ServeConfig:
+    specs: list[ModelSpec] = []
+    if args.models:
+        specs.extend(load_models_file(args.models))
+    for ref in args.model:
+        specs.append(ModelSpec(model=ref, base_path=args.base_path))
+    if not specs:
+        specs.append(ModelSpec(model=default_model(args.cache_dir)))
+    if args.served_model_name:
+        if len(specs) != 1:
+            raise ValueError("--served-model-name needs exactly one model (use name: in --models for several)")
+        specs[0].name = args.served_model_name
+    if args.artifact:
+        if len(specs) != 1:
+            raise ValueError("--artifact needs exactly one model (use artifact: in --models for several)")
+        specs[0].artifact = args.artifact
+    check_names(specs)
+    return ServeConfig(
+        models=specs,
+        device=args.device,
+        profile=args.profile,
+        host=args.host,
+        port=args.port,
+        uds=args.uds,
+        workers=args.workers,
+        threads=args.threads,
+        max_queue=args.max_queue,
+        max_request_bytes=args.max_request_bytes,
+        default_deadline_ms=args.deadline_ms,
+        cache_dir=args.cache_dir,
+        offline=args.offline,
+        log_level=args.log_level,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    config = build_config(args)
+    from runtime.server.gunicorn_app import ServeApplication
+
+    ServeApplication(config).run()
+    return 0
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("serve", help="serve models over HTTP (Falcon under gunicorn, TCP or Unix socket)")
+    parser.add_argument("model", nargs="*", help="MODEL[@REV] or package directory (none: a tiny synthetic Decision 3.0 package)")
+    parser.add_argument("--models", help="YAML list of {model, revision, name, device, profile, artifact, base_path}")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | rocm[:N]")
+    parser.add_argument("--profile", default="exact", choices=["exact", "shared_context", "batching", "max_speed"])
+    parser.add_argument("--artifact", help="exported artifact for max_speed (default: exported into the cache on first use)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--uds", help="listen on this Unix socket (its directory must be 0700) instead of TCP")
+    parser.add_argument("--workers", type=int, default=1, help="gunicorn worker processes (each loads every model)")
+    parser.add_argument("--threads", type=int, default=8, help="request threads per worker")
+    parser.add_argument("--max-queue", type=int, default=256, help="queued requests per model and worker before 429")
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
+    parser.add_argument("--deadline-ms", type=int, default=DEFAULT_DEADLINE_MS, help="default request deadline")
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--offline", action="store_true")
+    parser.add_argument("--base-path", help="local copy of an adapter package's base checkpoint")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(func=run)

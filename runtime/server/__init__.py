@@ -1,0 +1,1 @@
+"""HTTP serving: a Falcon WSGI app under gunicorn (gthread workers), one scheduler thread per model."""

@@ -1,0 +1,253 @@
+"""The Falcon app: validation and rendering on the request thread, forwards on the model's scheduler thread.
+
+Every error becomes the `{"error": {"code", "message"}}` envelope in one place (`_handle_error`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from importlib import resources
+from typing import Any
+
+import falcon
+import orjson
+
+from runtime.errors import InvalidRequest, ModelNotFound, NotReady, RequestTooLarge, RuntimeServiceError
+from runtime.families.answers import error_answer
+from runtime.server import metrics
+from runtime.server.config import MAX_DEADLINE_MS, ServeConfig
+from runtime.server.slots import ModelSlot
+
+log = logging.getLogger("vllm_sr_runtime.server")
+BODY_FIELDS = {"model", "state", "questions", "options", "images", "videos"}
+OPTION_FIELDS = {"deadline_ms", "profile", "return_meta"}
+
+
+def _json(resp: falcon.Response, status: int, body: Any) -> None:
+    resp.status = falcon.code_to_http_status(status)
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = orjson.dumps(body)
+
+
+class Server:
+    def __init__(self, config: ServeConfig, slots: list[ModelSlot]):
+        self.config = config
+        self.slots = {slot.name: slot for slot in slots}
+
+    # -- request parsing -----------------------------------------------------------------------------
+    def read_body(self, req: falcon.Request) -> dict:
+        limit = self.config.max_request_bytes
+        if req.content_length is not None and req.content_length > limit:
+            raise RequestTooLarge(f"request body is {req.content_length} bytes, the limit is {limit}")
+        raw = req.bounded_stream.read(limit + 1)
+        if len(raw) > limit:
+            raise RequestTooLarge(f"request body is over the limit of {limit} bytes")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise InvalidRequest("request body must be a JSON object")
+        return body
+
+    def validate(self, body: dict) -> tuple[ModelSlot, dict]:
+        if "instructions" in body:
+            raise InvalidRequest("top-level 'instructions' is not part of the contract: give each question its own instructions")
+        unknown = sorted(set(body) - BODY_FIELDS)
+        if unknown:
+            raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}")
+        if "state" not in body:
+            raise InvalidRequest("'state' is required (a string, object or array)")
+        if not (body["state"] is None or isinstance(body["state"], (str, dict, list))):
+            raise InvalidRequest("'state' must be a string, object or array")
+        options = body.get("options") or {}
+        if not isinstance(options, dict):
+            raise InvalidRequest("'options' must be an object")
+        bad = sorted(set(options) - OPTION_FIELDS)
+        if bad:
+            raise InvalidRequest(f"unknown option(s): {', '.join(bad)}")
+        deadline = options.get("deadline_ms", self.config.default_deadline_ms)
+        if isinstance(deadline, bool) or not isinstance(deadline, int) or not 1 <= deadline <= MAX_DEADLINE_MS:
+            raise InvalidRequest(f"options.deadline_ms must be an integer in 1..{MAX_DEADLINE_MS}")
+        if "return_meta" in options and not isinstance(options["return_meta"], bool):
+            raise InvalidRequest("options.return_meta must be a boolean")
+        if "profile" in options and not isinstance(options["profile"], str):
+            raise InvalidRequest("options.profile must be a string")
+        slot = self.select(body.get("model"))
+        for media in ("images", "videos"):
+            value = body.get(media)
+            if value is None:
+                continue
+            if not isinstance(value, list):
+                raise InvalidRequest(f"'{media}' must be a list of data URLs")
+            if value:
+                raise InvalidRequest(f"model {slot.name} does not accept {media} (text-only in this runtime build)")
+        profile = options.get("profile", slot.profile)
+        if profile != slot.profile:
+            raise InvalidRequest(f"profile {profile!r} is not enabled for model {slot.name} (enabled: {slot.profile})")
+        return slot, {"deadline_ms": deadline, "return_meta": options.get("return_meta", False)}
+
+    def select(self, name: Any) -> ModelSlot:
+        if name is None:
+            if len(self.slots) == 1:
+                return next(iter(self.slots.values()))
+            raise InvalidRequest(f"'model' is required when several models are served ({', '.join(self.slots)})")
+        if not isinstance(name, str):
+            raise InvalidRequest("'model' must be a string")
+        if name not in self.slots:
+            raise ModelNotFound(f"model {name!r} is not served here (served: {', '.join(self.slots)})")
+        return self.slots[name]
+
+    # -- the decision endpoints ---------------------------------------------------------------------
+    def decide(self, req: falcon.Request, resp: falcon.Response, endpoint: str) -> None:
+        started = time.perf_counter()
+        body = self.read_body(req)
+        slot, options = self.validate(body)
+        if not slot.ready:
+            raise NotReady(f"model {slot.name} is {slot.state}" + (f": {slot.reason}" if slot.reason else ""))
+        model = slot.model
+        plan = model.plan(body["state"], body.get("questions"))
+        parsed = time.perf_counter()
+        deadline = time.monotonic() + options["deadline_ms"] / 1000
+        queue_s = forward_s = 0.0
+        if plan.batches:
+            job = slot.scheduler.submit(plan, deadline)
+            finished = job.done.wait(timeout=max(0.0, deadline - time.monotonic()))
+            queue_s, forward_s = job.queue_seconds, job.forward_seconds
+            if finished and job.error is not None:
+                raise job.error
+            if finished and job.response is not None:
+                answers, tokens = job.response.answers, job.response.input_tokens
+            else:
+                answers = {q.id: plan.errors.get(q.id) or error_answer(q.type, "deadline_exceeded", f"not answered within {options['deadline_ms']} ms") for q in plan.questions}
+                tokens = 0
+        else:
+            answers = {q.id: plan.errors[q.id] for q in plan.questions}
+            tokens = 0
+        labels = {"model": slot.name, "profile": slot.profile}
+        metrics.QUEUE_SECONDS.labels(**labels).observe(queue_s)
+        metrics.FORWARD_SECONDS.labels(**labels).observe(forward_s)
+        metrics.INPUT_TOKENS.labels(**labels).inc(tokens)
+        for answer in answers.values():
+            metrics.QUESTIONS.labels(**labels, type=answer["type"], outcome=answer.get("error", "answered")).inc()
+        payload = {"model": slot.name, "answers": answers, "usage": {"input_tokens": tokens, "output_tokens": 0}}
+        if options["return_meta"]:
+            card = model.card()
+            payload["meta"] = {
+                "revision": card.get("revision"), "model_sha256": card["model_sha256"], "profile": slot.profile,
+                "numerics": card["dtype"], "engine": card["engine"], "device": card["device"],
+                "queue_ms": round(queue_s * 1000, 3), "compute_ms": round(forward_s * 1000, 3),
+            }  # fmt: skip
+        serialize_start = time.perf_counter()
+        data = orjson.dumps(payload)
+        serialize = time.perf_counter() - serialize_start
+        resp.status = falcon.HTTP_200
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = data
+        resp.set_header(
+            "Server-Timing",
+            f"parse;dur={(parsed - started) * 1000:.3f}, queue;dur={queue_s * 1000:.3f}, "
+            f"forward;dur={forward_s * 1000:.3f}, serialize;dur={serialize * 1000:.3f}",
+        )
+
+
+class DecisionsResource:
+    def __init__(self, server: Server, endpoint: str):
+        self.server, self.endpoint = server, endpoint
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        self.server.decide(req, resp, self.endpoint)
+
+
+class ModelsResource:
+    def __init__(self, server: Server):
+        self.server = server
+
+    def on_get(self, req, resp) -> None:
+        _json(resp, 200, {"object": "list", "data": [slot.card() for slot in self.server.slots.values()]})
+
+
+class HealthResource:
+    def __init__(self, server: Server):
+        self.server = server
+
+    def on_get(self, req, resp) -> None:
+        states = {name: slot.status() for name, slot in self.server.slots.items()}
+        ready = all(slot.ready for slot in self.server.slots.values())
+        if ready:
+            status = "ready"
+        elif any(s["status"] == "failed" for s in states.values()):
+            status = "degraded" if any(s["status"] == "ready" for s in states.values()) else "failed"
+        else:
+            status = "loading"
+        _json(resp, 200 if ready else 503, {"status": status, "models": states})
+
+
+class LiveResource:
+    def on_get(self, req, resp) -> None:
+        _json(resp, 200, {"status": "alive"})
+
+
+class MetricsResource:
+    def on_get(self, req, resp) -> None:
+        data, content_type = metrics.render()
+        resp.content_type = content_type
+        resp.data = data
+
+
+class OpenAPIResource:
+    def on_get(self, req, resp) -> None:
+        resp.content_type = "application/yaml"
+        resp.data = resources.files("runtime.server").joinpath("openapi.yaml").read_bytes()
+
+
+class RequestMetrics:
+    """Counts every response by endpoint and status, times it, and tags it with a request id."""
+
+    ENDPOINTS = {"/v1/systemone", "/v1/decisions", "/v1/models", "/health", "/health/live", "/metrics", "/openapi.yaml"}
+
+    def process_request(self, req, resp) -> None:
+        req.context.started = time.perf_counter()
+
+    def process_response(self, req, resp, resource, req_succeeded) -> None:
+        endpoint = req.path if req.path in self.ENDPOINTS else "other"
+        status = resp.status.split()[0] if isinstance(resp.status, str) else str(int(resp.status))
+        metrics.REQUESTS.labels(endpoint=endpoint, status=status).inc()
+        if hasattr(req.context, "started"):
+            metrics.REQUEST_SECONDS.labels(endpoint=endpoint).observe(time.perf_counter() - req.context.started)
+        resp.set_header("X-Request-Id", req.get_header("X-Request-Id") or uuid.uuid4().hex)
+
+
+def _handle_error(req: falcon.Request, resp: falcon.Response, error: Exception, params) -> None:
+    if isinstance(error, RuntimeServiceError):
+        _json(resp, error.status, error.envelope())
+        if error.status == 429:
+            resp.set_header("Retry-After", "1")
+        return
+    if isinstance(error, falcon.HTTPError):
+        code = {404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}.get(error.status_code, "invalid_request")
+        _json(resp, error.status_code, {"error": {"code": code, "message": error.title + (f": {error.description}" if error.description else "")}})
+        if error.headers:
+            for key, value in error.headers.items():
+                resp.set_header(key, value)
+        return
+    log.exception("internal error on %s %s", req.method, req.path)
+    _json(resp, 500, {"error": {"code": "internal_error", "message": f"{type(error).__name__}: the server failed on this request"}})
+
+
+def create_app(config: ServeConfig, slots: list[ModelSlot]) -> falcon.App:
+    server = Server(config, slots)
+    app = falcon.App(middleware=[RequestMetrics()])
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_route("/v1/systemone", DecisionsResource(server, "systemone"))
+    app.add_route("/v1/decisions", DecisionsResource(server, "decisions"))
+    app.add_route("/v1/models", ModelsResource(server))
+    app.add_route("/health", HealthResource(server))
+    app.add_route("/health/live", LiveResource())
+    app.add_route("/metrics", MetricsResource())
+    app.add_route("/openapi.yaml", OpenAPIResource())
+    app.add_error_handler(Exception, _handle_error)
+    app.add_error_handler(falcon.HTTPError, _handle_error)
+    return app

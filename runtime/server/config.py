@@ -1,0 +1,90 @@
+"""What `serve` runs: the models (CLI positionals or a --models YAML file) and the server's limits."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from runtime.errors import InvalidRequest
+from runtime.packages.resolve import parse_model_ref
+
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+DEFAULT_DEADLINE_MS = 30_000
+MAX_DEADLINE_MS = 600_000
+
+
+@dataclass
+class ModelSpec:
+    model: str
+    revision: str | None = None
+    name: str | None = None
+    device: str | None = None
+    profile: str | None = None
+    artifact: str | None = None
+    base_path: str | None = None
+
+    def served_name(self) -> str:
+        """The name requests use: the spec's name, else the package's model_name (local), else the repo id."""
+        if self.name:
+            return self.name
+        path = Path(self.model)
+        manifest = path / "MODEL_MANIFEST.json"
+        if manifest.is_file():
+            try:
+                name = json.loads(manifest.read_text(encoding="utf-8")).get("model_name")
+            except (OSError, json.JSONDecodeError):
+                name = None
+            if name:
+                return str(name)
+        return parse_model_ref(self.model)[0] if not path.exists() else path.name
+
+
+@dataclass
+class ServeConfig:
+    models: list[ModelSpec]
+    device: str = "auto"
+    profile: str = "exact"
+    host: str = "127.0.0.1"
+    port: int = 8100
+    uds: str | None = None
+    workers: int = 1
+    threads: int = 8
+    max_queue: int = 256
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    default_deadline_ms: int = DEFAULT_DEADLINE_MS
+    cache_dir: str | None = None
+    offline: bool = False
+    log_level: str = "info"
+    timeout: int = 120
+    graceful_timeout: int = 60
+    extra: dict = field(default_factory=dict)
+
+
+def load_models_file(path: str) -> list[ModelSpec]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidRequest(f"--models {path}: {exc}") from None
+    entries = data.get("models") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not entries:
+        raise InvalidRequest(f"--models {path}: expected a non-empty list of models")
+    known = {f.name for f in fields(ModelSpec)}
+    specs = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "model" not in entry:
+            raise InvalidRequest(f"--models {path}: entry {index} needs a 'model' field")
+        unknown = sorted(set(entry) - known)
+        if unknown:
+            raise InvalidRequest(f"--models {path}: entry {index} has unknown field(s) {', '.join(unknown)}")
+        specs.append(ModelSpec(**{k: (str(v) if v is not None else None) for k, v in entry.items()}))
+    return specs
+
+
+def check_names(specs: list[ModelSpec]) -> None:
+    names = [spec.served_name() for spec in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InvalidRequest(f"duplicate served model name(s): {', '.join(duplicates)} (give each a name)")

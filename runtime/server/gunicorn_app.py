@@ -1,0 +1,86 @@
+"""gunicorn application: the master never loads a model (no CUDA/HIP before fork); each worker does."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from gunicorn.app.base import BaseApplication
+
+from runtime.errors import InvalidRequest
+from runtime.server.config import ServeConfig
+
+
+def prepare_uds(path: str) -> str:
+    """The socket's directory must be private (0700): created so, or refused when others can enter it."""
+    socket_path = Path(path).absolute()
+    parent = socket_path.parent
+    if not parent.exists():
+        parent.mkdir(parents=True, mode=0o700)
+        os.chmod(parent, 0o700)
+    mode = stat.S_IMODE(parent.stat().st_mode)
+    if mode & 0o077:
+        raise InvalidRequest(f"--uds directory {parent} is accessible to other users (mode {mode:o}); use a 0700 directory")
+    if socket_path.exists():
+        if not stat.S_ISSOCK(socket_path.stat().st_mode):
+            raise InvalidRequest(f"--uds {socket_path} exists and is not a socket")
+        socket_path.unlink()
+    return str(socket_path)
+
+
+class ServeApplication(BaseApplication):
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.metrics_dir = tempfile.mkdtemp(prefix="vllm-sr-runtime-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
+        super().__init__()
+
+    def load_config(self) -> None:
+        config = self.config
+        bind = f"unix:{prepare_uds(config.uds)}" if config.uds else f"{config.host}:{config.port}"
+        metrics_dir = self.metrics_dir
+
+        def child_exit(server, worker) -> None:
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(worker.pid, metrics_dir)
+
+        def on_exit(server) -> None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+        settings = {
+            "bind": [bind],
+            "workers": config.workers,
+            "worker_class": "gthread",
+            "threads": config.threads,
+            "timeout": config.timeout,
+            "graceful_timeout": config.graceful_timeout,
+            "keepalive": 5,
+            "preload_app": False,
+            "control_socket_disable": True,
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": config.log_level,
+            "proc_name": "vllm-sr-runtime",
+            "child_exit": child_exit,
+            "on_exit": on_exit,
+            "umask": 0o077 if config.uds else 0o022,
+        }
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        """Runs in each worker after fork: models load in background threads, /health reports progress."""
+        from runtime.server.app import create_app
+        from runtime.server.slots import ModelSlot
+
+        logging.basicConfig(level=self.config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        names = [spec.served_name() for spec in self.config.models]
+        slots = [ModelSlot(spec, self.config, name) for spec, name in zip(self.config.models, names)]
+        for slot in slots:
+            slot.start()
+        return create_app(self.config, slots)

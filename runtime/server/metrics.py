@@ -1,0 +1,32 @@
+"""Prometheus metrics, multiprocess-safe across gunicorn workers (PROMETHEUS_MULTIPROC_DIR is set by serve)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client import CONTENT_TYPE_LATEST
+
+PREFIX = "vllm_sr_runtime"
+LATENCY_BUCKETS = tuple(0.001 * 2**i for i in range(13))  # 1 ms .. 4.096 s, doubling
+ROW_BUCKETS = tuple(2**i for i in range(9))  # 1 .. 256
+TOKEN_BUCKETS = tuple(64 * 2**i for i in range(13))  # 64 .. 262,144
+
+REQUESTS = Counter(f"{PREFIX}_requests", "HTTP requests", ["endpoint", "status"])
+QUESTIONS = Counter(f"{PREFIX}_questions", "Questions answered, by type and outcome", ["model", "profile", "type", "outcome"])
+INPUT_TOKENS = Counter(f"{PREFIX}_input_tokens", "Input tokens of answered questions", ["model", "profile"])
+DEADLINE_DROPPED = Counter(f"{PREFIX}_deadline_dropped_questions", "Questions dropped at their deadline", ["model", "profile"])
+REQUEST_SECONDS = Histogram(f"{PREFIX}_request_duration_seconds", "Request latency", ["endpoint"], buckets=LATENCY_BUCKETS)
+QUEUE_SECONDS = Histogram(f"{PREFIX}_queue_duration_seconds", "Time in the model queue", ["model", "profile"], buckets=LATENCY_BUCKETS)
+FORWARD_SECONDS = Histogram(f"{PREFIX}_forward_duration_seconds", "Device time per request", ["model", "profile"], buckets=LATENCY_BUCKETS)
+BATCH_ROWS = Histogram(f"{PREFIX}_batch_rows", "Rows per forward pass", ["model", "profile"], buckets=ROW_BUCKETS)
+BATCH_TOKENS = Histogram(f"{PREFIX}_batch_tokens", "Padded tokens per forward pass", ["model", "profile"], buckets=TOKEN_BUCKETS)
+QUEUE_DEPTH = Gauge(f"{PREFIX}_queue_depth", "Jobs waiting per model", ["model"], multiprocess_mode="livesum")
+READY = Gauge(f"{PREFIX}_ready", "1 when the model is ready in every live worker", ["model"], multiprocess_mode="livemin")
+MODEL_INFO = Gauge(
+    f"{PREFIX}_model_info", "Loaded model", ["model", "revision", "family", "engine", "device", "profile"], multiprocess_mode="livemax"
+)
+
+
+def render() -> tuple[bytes, str]:
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,100 @@
+"""A served model: loading -> ready | failed, in a background thread so /health answers while it loads."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from runtime.server import metrics
+from runtime.server.config import ModelSpec, ServeConfig
+from runtime.server.scheduler import Scheduler
+
+log = logging.getLogger("vllm_sr_runtime.server")
+WARMUP_QUESTIONS = {"warmup": {"type": "noul", "instructions": "Is this a warm-up request?"}}
+
+
+class ModelSlot:
+    def __init__(self, spec: ModelSpec, config: ServeConfig, name: str):
+        self.spec = spec
+        self.config = config
+        self.name = name
+        self.profile = spec.profile or config.profile
+        self.state = "loading"
+        self.reason: str | None = None
+        self.model: Any = None
+        self.scheduler: Scheduler | None = None
+        metrics.READY.labels(model=name).set(0)
+
+    def start(self) -> None:
+        threading.Thread(target=self._load, name=f"load-{self.name}", daemon=True).start()
+
+    def _load(self) -> None:
+        import runtime
+
+        try:
+            model = runtime.load(
+                self.spec.model,
+                device=self.spec.device or self.config.device,
+                profile=self.profile,
+                revision=self.spec.revision,
+                artifact=self.spec.artifact,
+                cache_dir=self.config.cache_dir,
+                offline=self.config.offline or None,
+                base_path=self.spec.base_path,
+            )
+            self.state = "warming"
+            first, second = model.ask("warm-up", WARMUP_QUESTIONS), model.ask("warm-up", WARMUP_QUESTIONS)
+            if first != second or "error" in first["warmup"]:
+                raise RuntimeError(f"warm-up answers are not deterministic and well-formed: {first} vs {second}")
+        except Exception as exc:  # a failed model degrades /health, the others keep serving
+            self.state, self.reason = "failed", f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+            log.error("model %s failed to load: %s", self.name, self.reason)
+            return
+        labels = {"model": self.name, "profile": self.profile}
+        self.scheduler = Scheduler(
+            model,
+            max_queue=self.config.max_queue,
+            on_batch=lambda batch: (
+                metrics.BATCH_ROWS.labels(**labels).observe(batch.inputs["input_ids"].shape[0]),
+                metrics.BATCH_TOKENS.labels(**labels).observe(batch.inputs["input_ids"].size),
+            ),
+            on_depth=lambda depth: metrics.QUEUE_DEPTH.labels(model=self.name).set(depth),
+            on_drop=lambda job: metrics.DEADLINE_DROPPED.labels(**labels).inc(len(job.plan.questions)),
+        )
+        self.model = model
+        card = model.card()
+        metrics.MODEL_INFO.labels(
+            model=self.name, revision=str(card.get("revision")), family=card["family"], engine=card["engine"],
+            device=card["device"], profile=self.profile,
+        ).set(1)  # fmt: skip
+        metrics.READY.labels(model=self.name).set(1)
+        self.state = "ready"
+        log.info("model %s ready (%s, %s on %s)", self.name, card["family"], card["engine"], card["device"])
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def status(self) -> dict:
+        status = {"status": self.state}
+        if self.reason:
+            status["reason"] = self.reason
+        return status
+
+    def card(self) -> dict:
+        from runtime.families.questions import MAX_LEVELS, MAX_OPTIONS, MAX_QUESTIONS, MIN_LEVELS, MIN_OPTIONS
+
+        base = {"id": self.name, "object": "model", "ready": self.ready, "status": self.state, "profile": self.profile, "profiles": [self.profile]}
+        if self.reason:
+            base["reason"] = self.reason
+        if not self.ready:
+            return base
+        card = self.model.card()
+        limits = {
+            "max_input_tokens": card["max_input_tokens"], "max_questions": MAX_QUESTIONS, "min_options": MIN_OPTIONS,
+            "max_options": MAX_OPTIONS, "min_levels": MIN_LEVELS, "max_levels": MAX_LEVELS,
+            "max_request_bytes": self.config.max_request_bytes,
+        }  # fmt: skip
+        extra = {k: v for k, v in card.items() if k not in ("id", "profile", "max_input_tokens", "path")}
+        return {**base, **extra, "limits": limits, "surfaces": ["systemone", "decisions"]}

@@ -1,0 +1,130 @@
+"""Starts the real `vllm-sr-runtime serve` (gunicorn) and talks HTTP to it over TCP or a Unix socket."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = 60):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+class Reply:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes):
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self):
+        return json.loads(self.body)
+
+
+class Server:
+    def __init__(self, args: list[str], *, uds: str | None = None, env: dict | None = None, log: Path | None = None):
+        self.uds = uds
+        self.port = None if uds else free_port()
+        bind = ["--uds", uds] if uds else ["--port", str(self.port)]
+        self.log_path = log
+        self.log = open(log, "wb") if log else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "serve", *args, *bind, "--log-level", "warning"],
+            stdout=self.log, stderr=self.log, env={**os.environ, **(env or {})}, start_new_session=True,
+        )  # fmt: skip
+
+    def connection(self, timeout: float = 60) -> http.client.HTTPConnection:
+        if self.uds:
+            return UnixConnection(self.uds, timeout=timeout)
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method: str, path: str, body=None, *, raw: bytes | None = None, headers: dict | None = None, timeout: float = 60) -> Reply:
+        conn = self.connection(timeout)
+        try:
+            data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+            response = conn.getresponse()
+            return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+        finally:
+            conn.close()
+
+    def post(self, body, path: str = "/v1/systemone", **kwargs) -> Reply:
+        return self.request("POST", path, body, **kwargs)
+
+    def wait(self, status: int = 200, timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        last = None
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}: {self.tail()}")
+            try:
+                last = self.request("GET", "/health", timeout=5)
+                if last.status == status:
+                    return
+                if status == 200 and last.status == 503 and last.json()["status"] in ("failed",):
+                    raise RuntimeError(f"model failed: {last.body!r}")
+            except (ConnectionError, OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not at /health {status} in {timeout}s (last {last and last.body!r}): {self.tail()}")
+
+    def tail(self) -> str:
+        if self.log_path and Path(self.log_path).exists():
+            return Path(self.log_path).read_text(errors="replace")[-3000:]
+        return ""
+
+    def workers(self) -> list[int]:
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        return [int(pid) for pid in children]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        if self.log not in (None, subprocess.DEVNULL):
+            self.log.close()
+
+
+class Contract:
+    """Validates responses against the served OpenAPI document."""
+
+    def __init__(self):
+        self.document = yaml.safe_load(resources.files("runtime.server").joinpath("openapi.yaml").read_text())
+
+    def check(self, path: str, method: str, reply: Reply) -> None:
+        operation = self.document["paths"][path][method.lower()]
+        spec = operation["responses"].get(str(reply.status))
+        assert spec is not None, f"{method} {path} answered {reply.status}, which the contract does not list"
+        if "$ref" in spec:
+            spec = self.document["components"]["responses"][spec["$ref"].rsplit("/", 1)[-1]]
+        content_type = reply.headers.get("content-type", "").split(";")[0]
+        media = spec["content"].get(content_type)
+        assert media is not None, f"{method} {path} {reply.status}: content type {content_type} not in the contract"
+        if content_type == "application/json":
+            schema = {**self.document, **media["schema"]}
+            jsonschema.Draft202012Validator(schema).validate(reply.json())

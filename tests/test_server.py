@@ -1,0 +1,224 @@
+"""The real server (gunicorn + Falcon) over TCP and a Unix socket: answers, errors, contract, metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+import runtime
+from conftest import load_kwargs
+from export.exporter import export_package
+from server_harness import Contract, Server
+
+CONTRACT = Contract()
+STATE = "Write a Python function that merges two sorted lists and explain its running time."
+QUESTIONS = {
+    "domain": {"type": "choice", "instructions": "Which domain?", "criteria": {"code": "Programming", "math": None, "law": "Legal"}},
+    "reasoning": {"type": "noul", "instructions": "Does it need reasoning?"},
+    "difficulty": {"type": "score", "instructions": "How hard?", "criteria": ["easy", "medium", "hard"]},
+}
+
+
+def checked(server: Server, method: str, path: str, body=None, **kwargs):
+    reply = server.request(method, path, body, **kwargs)
+    CONTRACT.check(path, method, reply)
+    return reply
+
+
+@pytest.fixture(scope="module")
+def artifacts(packages, tmp_path_factory):
+    root = tmp_path_factory.mktemp("server-artifacts")
+    made = {}
+    for name in ("d3", "d2_qwen3_5"):
+        export_package(packages[name], root / name, progress=False)
+        made[name] = root / name
+    return made
+
+
+SERVERS = [("d3", "exact", "tcp"), ("d2_qwen3_5", "exact", "uds"), ("d3", "max_speed", "uds"), ("d2_qwen3_5", "max_speed", "tcp")]
+
+
+@pytest.fixture(scope="module")
+def servers(packages, artifacts, tmp_path_factory):
+    root = tmp_path_factory.mktemp("servers")
+    os.chmod(root, 0o700)
+    started = {}
+    for name, profile, transport in SERVERS:
+        args = [str(packages[name]), "--profile", profile, "--device", "cpu", "--max-request-bytes", "65536"]
+        if profile == "max_speed":
+            args += ["--artifact", str(artifacts[name])]
+        uds = str(root / "sockets" / f"{name}-{profile}.sock") if transport == "uds" else None
+        started[(name, profile)] = Server(args, uds=uds, log=root / f"{name}-{profile}.log")
+    try:
+        for server in started.values():
+            server.wait()
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@pytest.mark.parametrize("name,profile,transport", SERVERS)
+def test_answers_match_the_in_process_api(servers, packages, artifacts, name, profile, transport):
+    server = servers[(name, profile)]
+    model = runtime.load(packages[name], profile=profile, artifact=artifacts[name] if profile == "max_speed" else None)
+    for path in ("/v1/systemone", "/v1/decisions"):
+        reply = checked(server, "POST", path, {"state": STATE, "questions": QUESTIONS})
+        assert reply.status == 200, reply.body
+        body = reply.json()
+        assert body["answers"] == model.ask(STATE, QUESTIONS)
+        assert list(body["answers"]) == list(QUESTIONS)
+        assert body["usage"]["input_tokens"] == model.respond(STATE, QUESTIONS).input_tokens > 0
+        assert body["usage"]["output_tokens"] == 0
+        timing = reply.headers["server-timing"]
+        assert all(f"{phase};dur=" in timing for phase in ("parse", "queue", "forward", "serialize"))
+
+
+def test_uds_socket_lives_in_a_private_directory(servers):
+    server = servers[("d2_qwen3_5", "exact")]
+    assert oct(os.stat(os.path.dirname(server.uds)).st_mode & 0o777) == "0o700"
+
+
+def test_meta_and_profiles(servers):
+    server = servers[("d3", "max_speed")]
+    reply = checked(server, "POST", "/v1/decisions", {"state": STATE, "questions": QUESTIONS, "options": {"return_meta": True, "profile": "max_speed", "deadline_ms": 5000}})
+    meta = reply.json()["meta"]
+    assert meta["engine"] == "onnxruntime" and meta["profile"] == "max_speed" and meta["device"] == "cpu"
+    reply = checked(server, "POST", "/v1/decisions", {"state": STATE, "questions": QUESTIONS, "options": {"profile": "exact"}})
+    assert reply.status == 400 and "not enabled" in reply.json()["error"]["message"]
+
+
+def test_models_card_and_health(servers):
+    reply = checked(servers[("d3", "exact")], "GET", "/v1/models")
+    card = reply.json()["data"][0]
+    assert card["family"] == "decision3" and card["ready"] and card["engine"] == "torch" and card["dtype"] == "fp32"
+    assert card["limits"]["max_options"] == 255 and card["limits"]["max_levels"] == 10 and card["profiles"] == ["exact"]
+    assert len(card["model_sha256"]) == 64
+    health = checked(servers[("d3", "exact")], "GET", "/health")
+    assert health.status == 200 and health.json()["status"] == "ready"
+    assert checked(servers[("d3", "exact")], "GET", "/health/live").json() == {"status": "alive"}
+    openapi = checked(servers[("d3", "exact")], "GET", "/openapi.yaml")
+    assert b"openapi: 3.1.0" in openapi.body
+
+
+BAD_REQUESTS = [
+    ({"state": STATE, "questions": QUESTIONS, "instructions": "top-level"}, "instructions"),
+    ({"state": STATE, "questions": {f"q{i}": {"type": "noul"} for i in range(65)}}, "at most 64"),
+    ({"state": STATE, "questions": {"q": {"type": "choice", "criteria": {"only": None}}}}, "2..255"),
+    ({"state": STATE, "questions": {"q": {"type": "choice", "criteria": {f"k{i}": None for i in range(256)}}}}, "2..255"),
+    ({"state": STATE, "questions": {"q": {"type": "score", "criteria": [str(i) for i in range(11)]}}}, "2..10"),
+    ({"state": STATE, "questions": {"q": {"type": "score", "criteria": ["one"]}}}, "2..10"),
+    ({"state": STATE, "questions": QUESTIONS, "temperature": 0}, "unknown field"),
+    ({"state": STATE, "questions": {"q": {"type": "noul", "extra": True}}}, "unknown field"),
+    ({"state": 3, "questions": QUESTIONS}, "state"),
+    ({"questions": QUESTIONS}, "state"),
+    ({"state": STATE, "questions": {}}, "non-empty"),
+    ({"state": STATE, "questions": QUESTIONS, "options": {"deadline_ms": 0}}, "deadline_ms"),
+    ({"state": STATE, "questions": QUESTIONS, "options": {"speed": "max"}}, "unknown option"),
+    ({"state": STATE, "questions": QUESTIONS, "images": ["data:image/png;base64,AAAA"]}, "images"),
+]
+
+
+@pytest.mark.parametrize("body,message", BAD_REQUESTS)
+def test_request_errors_are_400(servers, body, message):
+    reply = checked(servers[("d3", "exact")], "POST", "/v1/systemone", body)
+    assert reply.status == 400 and reply.json()["error"]["code"] == "invalid_request"
+    assert message in reply.json()["error"]["message"]
+
+
+def test_other_error_codes(servers):
+    server = servers[("d3", "exact")]
+    for raw in (b"{not json", b"[1, 2]", b"NaN"):
+        reply = server.request("POST", "/v1/systemone", raw=raw)
+        CONTRACT.check("/v1/systemone", "POST", reply)
+        assert reply.status == 400
+    reply = checked(server, "POST", "/v1/systemone", {"model": "no-such-model", "state": STATE, "questions": QUESTIONS})
+    assert reply.status == 404 and reply.json()["error"]["code"] == "model_not_found"
+    reply = checked(server, "POST", "/v1/systemone", {"state": "x" * 70000, "questions": QUESTIONS})
+    assert reply.status == 413 and reply.json()["error"]["code"] == "request_too_large"
+    reply = checked(server, "POST", "/v1/systemone", {"state": "word " * 6000, "questions": {"q": {"type": "noul"}}})
+    assert reply.status == 200 and reply.json()["answers"]["q"]["error"] == "max_length_exceeded"
+    assert server.request("GET", "/v1/nothing").status == 404
+
+
+def test_per_question_errors_keep_siblings(servers):
+    server = servers[("d2_qwen3_5", "exact")]
+    alone = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": {"r": QUESTIONS["reasoning"]}}).json()["answers"]["r"]
+    reply = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": {"bad": {"type": "score", "criteria": ["a", "a"]}, "r": QUESTIONS["reasoning"]}})
+    answers = reply.json()["answers"]
+    assert answers["bad"]["error"] == "invalid_question"
+    assert abs(answers["r"]["noul"] - alone["noul"]) <= 1e-6
+
+
+def test_expired_deadline_answers_deadline_exceeded(servers):
+    questions = {f"q{i}": {"type": "choice", "instructions": "long " * 20, "criteria": {f"k{j}": "d" * 20 for j in range(30)}} for i in range(16)}
+    reply = checked(servers[("d3", "exact")], "POST", "/v1/systemone", {"state": STATE * 5, "questions": questions, "options": {"deadline_ms": 1}})
+    assert reply.status == 200
+    assert {a.get("error") for a in reply.json()["answers"].values()} == {"deadline_exceeded"}
+
+
+def test_metrics_move(servers):
+    server = servers[("d3", "exact")]
+
+    def count(text: str, prefix: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+    before = server.request("GET", "/metrics").body.decode()
+    checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": QUESTIONS})
+    after = checked(server, "GET", "/metrics").body.decode()
+    key = 'vllm_sr_runtime_requests_total{endpoint="/v1/systemone",status="200"}'
+    assert count(after, key) == count(before, key) + 1
+    assert count(after, "vllm_sr_runtime_questions_total") >= count(before, "vllm_sr_runtime_questions_total") + 3
+    assert count(after, "vllm_sr_runtime_forward_duration_seconds_count") > count(before, "vllm_sr_runtime_forward_duration_seconds_count")
+    assert 'vllm_sr_runtime_ready{model="synthetic-d3-tiny-s0"} 1.0' in after
+    assert "vllm_sr_runtime_model_info{" in after
+
+
+def test_failed_model_is_503_not_ready(packages, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(packages["d3"], broken)
+    (broken / "tokenizer.json").write_text("{}")
+    server = Server([str(broken), "--device", "cpu"], log=tmp_path / "log")
+    try:
+        server.wait(status=503)
+        deadline = __import__("time").time() + 60
+        while server.request("GET", "/health").json()["status"] != "failed" and __import__("time").time() < deadline:
+            __import__("time").sleep(0.2)
+        health = checked(server, "GET", "/health")
+        assert health.status == 503 and health.json()["status"] == "failed"
+        assert "tokenizer.json" in json.dumps(health.json())
+        reply = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": QUESTIONS})
+        assert reply.status == 503 and reply.json()["error"]["code"] == "not_ready"
+    finally:
+        server.stop()
+
+
+def test_serve_without_a_model_uses_a_cached_synthetic_package(tmp_path):
+    server = Server(["--device", "cpu", "--cache-dir", str(tmp_path / "cache")], log=tmp_path / "log")
+    try:
+        server.wait()
+        reply = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": QUESTIONS})
+        assert reply.status == 200 and reply.json()["model"] == "synthetic-d3-tiny-s0"
+        assert (tmp_path / "cache" / "fixtures" / "synthetic-d3-tiny" / "MODEL_MANIFEST.json").is_file()
+    finally:
+        server.stop()
+
+
+def test_several_models_by_name(packages, tmp_path):
+    models_file = tmp_path / "models.yaml"
+    models_file.write_text(
+        f"- model: {packages['d3']}\n  name: d3\n- model: {packages['d2_lora']}\n  name: vega\n  base_path: {load_kwargs('d2_lora', packages['d2_lora'])['base_path']}\n"
+    )
+    server = Server(["--models", str(models_file), "--device", "cpu"], log=tmp_path / "log")
+    try:
+        server.wait()
+        assert [c["id"] for c in checked(server, "GET", "/v1/models").json()["data"]] == ["d3", "vega"]
+        reply = checked(server, "POST", "/v1/systemone", {"model": "vega", "state": STATE, "questions": QUESTIONS})
+        assert reply.status == 200 and reply.json()["model"] == "vega"
+        reply = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": QUESTIONS})
+        assert reply.status == 400 and "required" in reply.json()["error"]["message"]
+    finally:
+        server.stop()

@@ -184,9 +184,6 @@ def test_failed_model_is_503_not_ready(packages, tmp_path):
     server = Server([str(broken), "--device", "cpu"], log=tmp_path / "log")
     try:
         server.wait(status=503)
-        deadline = __import__("time").time() + 60
-        while server.request("GET", "/health").json()["status"] != "failed" and __import__("time").time() < deadline:
-            __import__("time").sleep(0.2)
         health = checked(server, "GET", "/health")
         assert health.status == 503 and health.json()["status"] == "failed"
         assert "tokenizer.json" in json.dumps(health.json())

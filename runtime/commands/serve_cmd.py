@@ -12,16 +12,24 @@ DEFAULT_FIXTURE = "synthetic-d3-tiny"
 
 
 def default_model(cache_dir: str | None) -> str:
-    """A tiny synthetic Decision 3.0 package in the cache, created on first use (so a first command works)."""
-    from export.artifact import atomic_directory
-    from runtime.fixtures.decision3 import write_decision3
+    """A tiny synthetic Decision 3.0 package in the cache, created on first use (so a first command works).
+
+    Written by a child process: the gunicorn master must not run torch (its OpenMP pool does not survive fork).
+    """
+    import subprocess
+    import sys
+
     from runtime.packages.resolve import default_cache_dir
 
     target = (Path(cache_dir) if cache_dir else default_cache_dir()) / "fixtures" / DEFAULT_FIXTURE
     if not (target / "MODEL_MANIFEST.json").is_file():
-        print(f"no model given: writing a tiny synthetic Decision 3.0 package to {target}")
-        with atomic_directory(target) as temp:
-            write_decision3(temp)
+        print(f"no model given: writing a tiny synthetic Decision 3.0 package to {target}", flush=True)
+        code = (
+            "import sys; from pathlib import Path; from export.artifact import atomic_directory; "
+            "from runtime.fixtures.decision3 import write_decision3\n"
+            "with atomic_directory(Path(sys.argv[1])) as temp: write_decision3(temp)"
+        )
+        subprocess.run([sys.executable, "-c", code, str(target)], check=True)
     return str(target)
 
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 from gunicorn.app.base import BaseApplication
@@ -49,6 +50,9 @@ class ServeApplication(BaseApplication):
 
             multiprocess.mark_process_dead(worker.pid, metrics_dir)
 
+        def post_fork(server, worker) -> None:
+            ServeApplication.current_worker = worker
+
         def on_exit(server) -> None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
@@ -67,20 +71,36 @@ class ServeApplication(BaseApplication):
             "loglevel": config.log_level,
             "proc_name": "vllm-sr-runtime",
             "child_exit": child_exit,
+            "post_fork": post_fork,
             "on_exit": on_exit,
             "umask": 0o077 if config.uds else 0o022,
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
 
+    current_worker = None
+
     def load(self):
-        """Runs in each worker after fork: models load in background threads, /health reports progress."""
+        """Runs in each worker after fork. Models load before the worker accepts connections, so a replaced
+        worker never answers 503 while its siblings serve; a heartbeat keeps gunicorn from timing it out."""
         from runtime.server.app import create_app
         from runtime.server.slots import ModelSlot
 
         logging.basicConfig(level=self.config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         names = [spec.served_name() for spec in self.config.models]
         slots = [ModelSlot(spec, self.config, name) for spec, name in zip(self.config.models, names)]
-        for slot in slots:
-            slot.start()
+        loading = threading.Event()
+        worker = ServeApplication.current_worker
+        if worker is not None:
+            threading.Thread(target=_heartbeat, args=(worker, loading), daemon=True).start()
+        try:
+            for slot in slots:
+                slot.load()
+        finally:
+            loading.set()
         return create_app(self.config, slots)
+
+
+def _heartbeat(worker, done: threading.Event) -> None:
+    while not done.wait(1.0):
+        worker.notify()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 from runtime.server import metrics
@@ -26,10 +25,7 @@ class ModelSlot:
         self.scheduler: Scheduler | None = None
         metrics.READY.labels(model=name).set(0)
 
-    def start(self) -> None:
-        threading.Thread(target=self._load, name=f"load-{self.name}", daemon=True).start()
-
-    def _load(self) -> None:
+    def load(self) -> None:
         import runtime
 
         try:

@@ -1,0 +1,109 @@
+"""Runs a suite through two profiles of one model (same rows) and measures how far the answers move."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from parity.suite import SuiteRequest
+
+NEAR_TIE = 0.01  # a changed decision whose reference top-two margin is below this counts as a near-tie
+LENGTH_BUCKETS = ((0, 128), (128, 512), (512, 2048), (2048, 8192), (8192, 1 << 30))
+
+
+def distribution(answer: dict) -> list[float] | None:
+    if "error" in answer:
+        return None
+    if answer["type"] == "noul":
+        return [1.0 - answer["noul"], answer["noul"]]
+    return list(answer["probabilities"].values())
+
+
+def prompt_lengths(model: Any, state: Any, questions: dict) -> dict[str, int]:
+    plan = model.plan(state, questions)
+    return {item.question.id: len(item.token_ids) for batch in plan.batches for item in batch.items}
+
+
+def compare(reference: Any, candidate: Any, suite: list[SuiteRequest], progress: bool = True) -> list[dict]:
+    rows = []
+    for request in tqdm(suite, desc="parity", unit="request", disable=not progress):
+        left = reference.ask(request.state, request.questions)
+        right = candidate.ask(request.state, request.questions)
+        lengths = prompt_lengths(reference, request.state, request.questions)
+        for qid, answer in left.items():
+            ref, cand = distribution(answer), distribution(right[qid])
+            row = {"request": request.id, "question": qid, "type": answer["type"], "prompt_tokens": lengths.get(qid)}
+            if ref is None or cand is None:
+                row.update(error=answer.get("error") or right[qid].get("error"), same_error=answer == right[qid])
+                rows.append(row)
+                continue
+            ordered = sorted(ref, reverse=True)
+            row.update(
+                options=len(ref),
+                reference=ref,
+                candidate=cand,
+                max_abs_diff=float(np.max(np.abs(np.array(ref) - np.array(cand)))),
+                decision_changed=int(np.argmax(ref)) != int(np.argmax(cand)),
+                reference_margin=ordered[0] - ordered[1],
+            )
+            rows.append(row)
+    return rows
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return {"count": 0, "median": None, "p99": None, "max": None}
+    array = np.array(values)
+    return {"count": len(values), "median": float(np.median(array)), "p99": float(np.quantile(array, 0.99)), "max": float(array.max())}
+
+
+def bucket(tokens: int) -> str:
+    for low, high in LENGTH_BUCKETS:
+        if low <= tokens < high:
+            return f"{low}-{high}" if high < 1 << 30 else f">={low}"
+    return "unknown"
+
+
+def summarize(rows: list[dict]) -> dict:
+    scored = [r for r in rows if "max_abs_diff" in r]
+    changed = [r for r in scored if r["decision_changed"]]
+    by_type = {kind: _stats([r["max_abs_diff"] for r in scored if r["type"] == kind]) for kind in ("choice", "noul", "score")}
+    buckets: dict[str, list[float]] = {}
+    for row in scored:
+        buckets.setdefault(bucket(row["prompt_tokens"] or 0), []).append(row["max_abs_diff"])
+    margins = [r["reference_margin"] for r in scored]
+    return {
+        "questions": len(rows),
+        "compared": len(scored),
+        "errors": len(rows) - len(scored),
+        "errors_differ": sum(1 for r in rows if "error" in r and not r["same_error"]),
+        "decisions_changed": len(changed),
+        "changed_rate": len(changed) / len(scored) if scored else 0.0,
+        "near_ties_changed": sum(1 for r in changed if r["reference_margin"] < NEAR_TIE),
+        "near_tie_threshold": NEAR_TIE,
+        "abs_diff": _stats([r["max_abs_diff"] for r in scored]),
+        "abs_diff_by_type": by_type,
+        "abs_diff_by_length": {key: _stats(values) for key, values in sorted(buckets.items(), key=lambda kv: int(kv[0].lstrip(">=").split("-")[0]))},
+        "reference_confidence": {"median_margin": float(np.median(margins)) if margins else None},
+        "option_counts": sorted({r["options"] for r in scored}),
+        "max_prompt_tokens": max((r["prompt_tokens"] or 0 for r in scored), default=0),
+    }
+
+
+def gates(summary: dict, max_changed_rate: float | None, max_abs_diff: float | None) -> list[str]:
+    failed = []
+    if max_changed_rate is not None and summary["changed_rate"] > max_changed_rate:
+        failed.append(f"--max-changed-rate {max_changed_rate}: {summary['decisions_changed']}/{summary['compared']} decisions changed ({summary['changed_rate']:.4f})")
+    worst = summary["abs_diff"]["max"]
+    if max_abs_diff is not None and worst is not None and worst > max_abs_diff:
+        failed.append(f"--max-abs-diff {max_abs_diff}: largest |dp| is {worst:.3g}")
+    if summary["errors_differ"]:
+        failed.append(f"{summary['errors_differ']} question(s) errored differently between the profiles")
+    return failed
+
+
+def finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)

@@ -1,0 +1,98 @@
+"""parity.json and a self-contained report.html (summary tables and plots embedded as PNG data URLs)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _png(figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def plots(rows: list[dict]) -> dict[str, str]:
+    scored = [r for r in rows if "max_abs_diff" in r]
+    diffs = [max(r["max_abs_diff"], 1e-12) for r in scored]
+    figures = {}
+    figure, axis = plt.subplots(figsize=(6, 3.4))
+    axis.hist(diffs, bins=40, color="#3b6ea5")
+    axis.set_xlabel("|Δp| (largest over the question's options)")
+    axis.set_ylabel("questions")
+    axis.set_title("|Δp| histogram")
+    figures["abs_diff_histogram"] = _png(figure)
+
+    figure, axis = plt.subplots(figsize=(6, 3.4))
+    axis.scatter([r["prompt_tokens"] for r in scored], diffs, s=8, alpha=0.6, color="#3b6ea5")
+    axis.set_yscale("log")
+    axis.set_xlabel("prompt tokens")
+    axis.set_ylabel("|Δp|")
+    axis.set_title("|Δp| against prompt length")
+    figures["abs_diff_vs_length"] = _png(figure)
+
+    figure, axis = plt.subplots(figsize=(6, 3.4))
+    kept = [r for r in scored if not r["decision_changed"]]
+    changed = [r for r in scored if r["decision_changed"]]
+    axis.scatter([r["reference_margin"] for r in kept], [max(r["max_abs_diff"], 1e-12) for r in kept], s=8, alpha=0.5, label="same decision", color="#9aa5b1")
+    axis.scatter([r["reference_margin"] for r in changed], [max(r["max_abs_diff"], 1e-12) for r in changed], s=22, label="changed decision", color="#c0392b")
+    axis.set_yscale("log")
+    axis.set_xlabel("reference margin (top-1 minus top-2 probability)")
+    axis.set_ylabel("|Δp|")
+    axis.set_title("changed decisions against the reference margin")
+    axis.legend(loc="best", fontsize=8)
+    figures["changed_vs_margin"] = _png(figure)
+    return figures
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return html.escape(str(value))
+
+
+def _table(title: str, stats: dict[str, dict]) -> str:
+    head = "<tr><th></th><th>count</th><th>median</th><th>p99</th><th>max</th></tr>"
+    body = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{s['count']}</td><td>{_fmt(s['median'])}</td><td>{_fmt(s['p99'])}</td><td>{_fmt(s['max'])}</td></tr>"
+        for name, s in stats.items()
+    )
+    return f"<h2>{html.escape(title)}</h2><table>{head}{body}</table>"
+
+
+def write_report(out: Path, meta: dict, summary: dict, rows: list[dict], failed: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "parity.json").write_text(json.dumps({**meta, "summary": summary, "gates_failed": failed, "questions": rows}, indent=1) + "\n")
+    images = plots(rows)
+    verdict = "<p class='fail'>Gates failed: " + "; ".join(html.escape(f) for f in failed) + "</p>" if failed else "<p class='ok'>All gates passed.</p>"
+    overview = (
+        f"<table><tr><th>model</th><td>{_fmt(meta['model'])}</td></tr>"
+        f"<tr><th>reference / candidate</th><td>{_fmt(meta['against'])} / {_fmt(meta['profile'])}</td></tr>"
+        f"<tr><th>suite</th><td>{_fmt(meta['suite'])}</td></tr>"
+        f"<tr><th>questions compared</th><td>{summary['compared']} (of {summary['questions']}; {summary['errors']} answered with errors)</td></tr>"
+        f"<tr><th>decisions changed</th><td>{summary['decisions_changed']} ({summary['near_ties_changed']} near-ties, margin &lt; {summary['near_tie_threshold']})</td></tr>"
+        f"<tr><th>|Δp| median / p99 / max</th><td>{_fmt(summary['abs_diff']['median'])} / {_fmt(summary['abs_diff']['p99'])} / {_fmt(summary['abs_diff']['max'])}</td></tr></table>"
+    )
+    figures = "".join(f"<figure><img alt='{name}' src='{src}'><figcaption>{name}</figcaption></figure>" for name, src in images.items())
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>parity: {_fmt(meta['model'])} {_fmt(meta['profile'])} vs {_fmt(meta['against'])}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:60em}}table{{border-collapse:collapse;margin:.5em 0}}td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left}}
+.ok{{color:#1e7b34}}.fail{{color:#b00020;font-weight:bold}}figure{{display:inline-block;margin:.5em}}img{{max-width:28em}}</style></head>
+<body><h1>Parity report</h1>{verdict}{overview}
+{_table("|Δp| by question type", summary["abs_diff_by_type"])}
+{_table("|Δp| by prompt length (tokens)", summary["abs_diff_by_length"])}
+<h2>Plots</h2>{figures}
+</body></html>
+"""
+    (out / "report.html").write_text(page, encoding="utf-8")

@@ -1,0 +1,108 @@
+"""Question suites for parity: a deterministic built-in one, or a user JSONL file (one System One request per line)."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TOPICS = [
+    "Write a Python function that merges two sorted lists and explain its running time.",
+    "Summarise the attached quarterly report for the board in three bullet points.",
+    "My laptop will not boot after the update; the screen stays black. What can I try?",
+    "Translate 'where is the train station' into French and German.",
+    "Prove that the square root of two is irrational.",
+    "Draft a polite email declining a meeting invitation for Friday.",
+    "Which of these stocks should I buy tomorrow to double my money?",
+    "Explain how a transformer model uses attention, for a high-school student.",
+    "Is it safe to mix bleach and ammonia for a stronger cleaner?",
+    "Plan a three-day trip to Kyoto on a budget, with vegetarian food.",
+]
+WORDS = "data model route query budget latency code legal health travel math finance safety creative tone user".split()
+LEVEL_WORDS = ["none", "trivial", "easy", "moderate", "medium", "involved", "hard", "very hard", "expert", "research"]
+
+
+@dataclass
+class SuiteRequest:
+    id: str
+    state: Any
+    questions: dict
+
+
+def _state(rng: random.Random, long_tokens: int | None) -> Any:
+    kind = rng.random()
+    base = rng.choice(TOPICS)
+    if long_tokens:
+        filler = " ".join(rng.choice(TOPICS) for _ in range(max(1, long_tokens // 40)))  # ~40 tokens a topic at most
+        return f"{base}\n\nContext:\n{filler}"
+    if kind < 0.3:
+        return {"user": base, "history": [rng.choice(TOPICS) for _ in range(rng.randint(0, 3))], "lang": rng.choice(["en", "de", "fr"])}
+    if kind < 0.4:
+        return [{"role": "user", "content": base}, {"role": "assistant", "content": rng.choice(TOPICS)}]
+    return base
+
+
+def _choice(rng: random.Random, count: int) -> dict:
+    criteria = {}
+    for index in range(count):
+        key = f"{rng.choice(WORDS)}_{index}" if count <= 40 else f"L{index}"
+        terse = count > 40 or rng.random() < 0.2  # wide choices keep short options so they fit the input limit
+        criteria[key] = None if terse else f"the request is mostly about {rng.choice(WORDS)} ({index})"
+    return {"type": "choice", "instructions": f"Which of the {count} labels fits the request best?", "criteria": criteria}
+
+
+def _score(rng: random.Random, levels: int) -> dict:
+    return {"type": "score", "instructions": "How difficult is the request?", "criteria": LEVEL_WORDS[:levels]}
+
+
+def _noul(rng: random.Random) -> dict:
+    question = {"type": "noul", "instructions": rng.choice(["Does it need multi-step reasoning?", "Is it about code?", "Is the request unsafe?"])}
+    if rng.random() < 0.4:
+        question["criteria"] = {"true": "yes, clearly", "false": "no"}
+    return question
+
+
+def builtin_suite(max_input_tokens: int, seed: int = 0) -> list[SuiteRequest]:
+    """At least 416 questions: every type, 2..255-option choices (40-option ones included), scores of 2..10
+    levels, nouls, text and JSON states, short to near-limit prompts, single- and multi-question requests."""
+    rng = random.Random(seed)
+    requests: list[SuiteRequest] = []
+    option_counts = [2, 3, 4, 5, 8, 12, 40, 40, 40, 64, 128, 255]
+    long_lengths = [max_input_tokens // 8, max_input_tokens // 4, max_input_tokens // 2, int(max_input_tokens * 0.6)]
+    index = choices = scores = 0
+    while sum(len(r.questions) for r in requests) < 420:
+        long_tokens = long_lengths[index % len(long_lengths)] if index % 9 == 4 else None
+        questions: dict[str, dict] = {}
+        size = 1 if index % 5 == 0 or long_tokens else rng.randint(2, 9)
+        for position in range(size):
+            kind = (index + position) % 3
+            if kind == 0:
+                questions[f"c{position}"] = _choice(rng, option_counts[choices % len(option_counts)])
+                choices += 1
+            elif kind == 1:
+                questions[f"s{position}"] = _score(rng, 2 + scores % 9)
+                scores += 1
+            else:
+                questions[f"n{position}"] = _noul(rng)
+        requests.append(SuiteRequest(id=f"builtin-{index}", state=_state(rng, long_tokens), questions=questions))
+        index += 1
+    return requests
+
+
+def load_jsonl(path: Path) -> list[SuiteRequest]:
+    requests = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            body = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+        if not isinstance(body, dict) or "questions" not in body:
+            raise ValueError(f"{path}:{number}: each line must be a System One request with state and questions")
+        requests.append(SuiteRequest(id=str(body.get("id", f"line-{number}")), state=body.get("state"), questions=body["questions"]))
+    if not requests:
+        raise ValueError(f"{path}: no requests")
+    return requests

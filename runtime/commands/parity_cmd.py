@@ -1,0 +1,82 @@
+"""`vllm-sr-runtime parity MODEL [--against exact] [--profile max_speed] ...`: how far a profile answers from exact."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+class PerturbedEngine:
+    """Test-only: adds seeded noise to an engine's readout (logits, or probabilities in log space) so the
+    gates can be seen to fire."""
+
+    def __init__(self, engine, scale: float, probabilities: bool):
+        self.engine, self.scale, self.probabilities = engine, scale, probabilities
+        self.name = f"{engine.name}+noise"
+        self.rng = np.random.default_rng(0)
+
+    def forward(self, inputs):
+        output = self.engine.forward(inputs)
+        noise = self.rng.normal(0.0, self.scale, size=output.shape).astype(output.dtype)
+        return output * np.exp(noise) if self.probabilities else output + noise
+
+
+def run(args: argparse.Namespace) -> int:
+    import runtime
+    from parity.compare import compare, gates, summarize
+    from parity.report import write_report
+    from parity.suite import builtin_suite, load_jsonl
+
+    common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
+    reference = runtime.load(args.model, profile=args.against, **common)
+    candidate = runtime.load(args.model, profile=args.profile, artifact=args.artifact, **common)
+    if args.perturb:
+        candidate.engine = PerturbedEngine(candidate.engine, args.perturb, candidate.family.output_name == "probabilities")
+    suite = builtin_suite(reference.family.max_input_tokens) if args.suite == "builtin" else load_jsonl(Path(args.suite))
+    rows = compare(reference, candidate, suite, progress=not args.quiet)
+    summary = summarize(rows)
+    failed = gates(summary, args.max_changed_rate, args.max_abs_diff)
+    meta = {
+        "model": reference.name,
+        "model_sha256": reference.family.package.model_sha256,
+        "against": args.against,
+        "profile": args.profile,
+        "reference_engine": reference.card()["engine"],
+        "candidate_engine": candidate.engine.name,
+        "candidate_dtype": candidate.dtype,
+        "suite": args.suite,
+        "gates": {"max_changed_rate": args.max_changed_rate, "max_abs_diff": args.max_abs_diff},
+    }
+    out = Path(args.out)
+    write_report(out, meta, summary, rows, failed)
+    d = summary["abs_diff"]
+    print(
+        f"{summary['compared']} questions: {summary['decisions_changed']} decisions changed "
+        f"({summary['near_ties_changed']} near-ties); |dp| median {d['median']:.3g}, p99 {d['p99']:.3g}, max {d['max']:.3g} "
+        f"-> {out / 'report.html'}"
+    )
+    for failure in failed:
+        print(f"gate failed: {failure}", file=sys.stderr)
+    return 3 if failed else 0
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("parity", help="compare a profile's answers with exact's on a question suite")
+    parser.add_argument("model", help="package directory or REPO@REV")
+    parser.add_argument("--against", default="exact")
+    parser.add_argument("--profile", default="max_speed")
+    parser.add_argument("--artifact", help="artifact for the candidate profile (default: the cache's, exported on first use)")
+    parser.add_argument("--suite", default="builtin", help="builtin, or a JSONL file with one System One request per line")
+    parser.add_argument("--out", default="parity-report")
+    parser.add_argument("--max-changed-rate", type=float, help="fail when more than this fraction of decisions change")
+    parser.add_argument("--max-abs-diff", type=float, help="fail when any probability moves by more than this")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--offline", action="store_true")
+    parser.add_argument("--base-path")
+    parser.add_argument("--perturb", type=float, default=0.0, help="test-only: add noise of this scale to the candidate's readout")
+    parser.add_argument("--quiet", action="store_true")
+    parser.set_defaults(func=run)

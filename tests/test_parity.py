@@ -1,0 +1,93 @@
+"""Parity reports: exact vs max_speed on tiny fixtures passes its gates; a perturbed candidate fails them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from export.exporter import export_package
+from parity.suite import builtin_suite
+
+
+def run_parity(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", "parity", *args, "--quiet"], capture_output=True, text=True, timeout=900)
+
+
+def test_builtin_suite_covers_every_kind():
+    suite = builtin_suite(4096)
+    questions = [q for r in suite for q in r.questions.values()]
+    assert len(questions) >= 416
+    counts = {len(q["criteria"]) for q in questions if q["type"] == "choice"}
+    assert {2, 40, 255} <= counts
+    assert {len(q["criteria"]) for q in questions if q["type"] == "score"} == set(range(2, 11))
+    assert any(q["type"] == "noul" for q in questions)
+    assert any(isinstance(r.state, (dict, list)) for r in suite) and any(isinstance(r.state, str) for r in suite)
+    assert any(len(r.questions) > 1 for r in suite) and any(len(r.questions) == 1 for r in suite)
+    assert [r.questions for r in builtin_suite(4096)] == [r.questions for r in suite]  # deterministic
+
+
+@pytest.mark.parametrize("name", ["d3", "d2_qwen3_5"])
+def test_max_speed_parity_passes_its_gates(packages, tmp_path, name):
+    artifact = tmp_path / "artifact"
+    export_package(packages[name], artifact, progress=False)
+    out = tmp_path / "report"
+    result = run_parity(str(packages[name]), "--artifact", str(artifact), "--out", str(out), "--max-changed-rate", "0", "--max-abs-diff", "1e-4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "parity.json").read_text())
+    summary = report["summary"]
+    assert summary["compared"] >= 400 and summary["errors_differ"] == 0
+    # Only prompts over the package's input limit (the widest Decision 2.0 choices) may be left unanswered.
+    assert {q["error"] for q in report["questions"] if "error" in q} <= {"max_length_exceeded"}
+    assert summary["decisions_changed"] == 0 and summary["abs_diff"]["max"] <= 1e-4
+    assert set(summary["abs_diff_by_type"]) == {"choice", "noul", "score"}
+    first = report["questions"][0]
+    assert {"type", "options", "prompt_tokens", "reference", "candidate", "max_abs_diff", "decision_changed", "reference_margin"} <= set(first)
+    assert (out / "report.html").is_file()
+
+
+def test_perturbed_candidate_fails_naming_the_gate(packages, tmp_path):
+    suite = tmp_path / "suite.jsonl"
+    lines = [
+        {"id": "a", "state": "Merge two sorted lists.", "questions": {"c": {"type": "choice", "criteria": {f"k{i}": None for i in range(6)}}, "n": {"type": "noul"}}},
+        {"id": "b", "state": {"user": "hi"}, "questions": {"s": {"type": "score", "criteria": ["low", "mid", "high"]}}},
+    ] * 10
+    suite.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    out = tmp_path / "report"
+    result = run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(out), "--max-changed-rate", "0.0", "--max-abs-diff", "1e-3", "--perturb", "0.5")
+    assert result.returncode != 0
+    assert "--max-abs-diff" in result.stderr and "--max-changed-rate" in result.stderr
+    summary = json.loads((out / "parity.json").read_text())["summary"]
+    assert summary["decisions_changed"] > 0 and summary["abs_diff"]["max"] > 1e-3
+    assert summary["compared"] == 30
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_report_renders_in_headless_chromium(packages, tmp_path):
+    browser = chromium()
+    if browser is None:
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"state": "s", "questions": {"c": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}, "n": {"type": "noul"}}}) + "\n")
+    out = tmp_path / "report"
+    assert run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(out), "--perturb", "0.1").returncode == 0
+    probe = out / "probe.html"
+    page = (out / "report.html").read_text()
+    script = (
+        "<script>window.addEventListener('load', () => { const imgs = [...document.images];"
+        "document.body.setAttribute('data-loaded', imgs.filter(i => i.complete && i.naturalWidth > 0).length + '/' + imgs.length); });</script>"
+    )
+    probe.write_text(page.replace("</body>", script + "</body>"))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([browser, *flags, "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-loaded="3/3"' in dom.stdout, dom.stdout[:500]
+    shot = subprocess.run([browser, *flags, f"--screenshot={tmp_path / 'report.png'}", "--window-size=1200,1600", (out / "report.html").as_uri()], capture_output=True, timeout=120)
+    assert shot.returncode == 0 and (tmp_path / "report.png").stat().st_size > 10_000

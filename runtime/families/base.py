@@ -55,6 +55,10 @@ class Family(ABC):
         """Verify the package and load what rendering needs (no weights)."""
 
     @abstractmethod
+    def backbone_config(self):
+        """The transformers text config of the backbone (no weights read)."""
+
+    @abstractmethod
     def build_module(self, numerics: Numerics, device: torch.device) -> torch.nn.Module:
         """The backbone + readout as one module: forward(**inputs) -> readout output [rows, ...]."""
 

@@ -76,22 +76,27 @@ class Decision2Family(Family):
         return self.package.max_input_tokens
 
     # -- weights -------------------------------------------------------------------------------------
+    def backbone_config(self):
+        package = self.package
+        if package.profile == "qwen-full":
+            data = read_json(package.root, "backbone/config.json")
+        else:
+            base_config = read_json(package.base.path, "config.json")
+            data = base_config.get("text_config", base_config)
+        return text_config_from_dict(package.backbone_type, {**data, "model_type": package.backbone_type})
+
     def build_backbone(self, dtype: torch.dtype) -> torch.nn.Module:
         package = self.package
         if package.profile == "qwen-full":
-            config_data = read_json(package.root, "backbone/config.json")
             files = sorted((package.root / "backbone").glob("*.safetensors"))
             tensors = read_tensors(files, "", package.root)
             where = "backbone/"
         else:
-            base_config = read_json(package.base.path, "config.json")
-            config_data = base_config.get("text_config", base_config)
             files = sorted(package.base.path.glob("*.safetensors"))
             tensors = read_tensors(files, BASE_PREFIX, package.base.path)
             tensors = {k: v for k, v in tensors.items() if not k.startswith("mtp")}
             where = f"base:{package.base.repo_id}"
-        config = text_config_from_dict(package.backbone_type, {**config_data, "model_type": package.backbone_type})
-        return build_text_model(package.backbone_type, config, tensors, dtype, where)
+        return build_text_model(package.backbone_type, self.backbone_config(), tensors, dtype, where)
 
     def build_head(self) -> CandidateHead:
         state = load_file(str(self.package.root / "decision_head.safetensors"))

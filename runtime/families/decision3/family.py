@@ -127,12 +127,14 @@ class Decision3Family(Family):
     def noncausal(self) -> bool:
         return self.package.attention_mode == "noncausal_full_attention"
 
+    def backbone_config(self):
+        return text_config_from_dict("qwen3_5_text", self.package.config["text_config"])
+
     def build_text_model(self, dtype: torch.dtype) -> torch.nn.Module:
         package = self.package
         files = [package.root / rel for rel in package.weight_files]
         tensors = read_tensors(files, package.text_prefix, package.root)
-        config = text_config_from_dict("qwen3_5_text", package.config["text_config"])
-        return build_text_model("qwen3_5_text", config, tensors, dtype, package.weight_files[0])
+        return build_text_model("qwen3_5_text", self.backbone_config(), tensors, dtype, package.weight_files[0])
 
     def build_readout(self) -> CodeReadout:
         weight = load_file(str(self.package.root / "readout.safetensors"))["weight"]

@@ -1,0 +1,70 @@
+"""Forward mode: every profile on the same requests in one process, alternating so drift hits all alike."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from runtime.bench.flops import forward_flops
+
+FILLER = "The user asks about merging sorted lists, running time, and tests for edge cases. "
+
+
+def request_of_length(model: Any, length: int, questions: int) -> tuple[Any, dict, int]:
+    """A state padded so each question's prompt is about `length` tokens; returns (state, questions, tokens)."""
+    qs = {f"q{i}": {"type": "choice", "instructions": "Which domain fits?", "criteria": {"code": "Programming", "math": "Math", "other": None}} for i in range(questions)}
+    words = FILLER.split()
+    low, high = 0, length * 2
+
+    def measure(state: str) -> int:
+        plan = model.plan(state, {"q0": qs["q0"]})
+        return len(plan.batches[0].items[0].token_ids) if plan.batches else length + 1
+
+    best = ("", qs, measure(""))  # the shortest prompt this template allows, when `length` is below it
+    while low <= high:
+        middle = (low + high) // 2
+        state = " ".join(words[i % len(words)] for i in range(middle))
+        tokens = measure(state)
+        if tokens <= length:
+            best = (state, qs, tokens)
+            low = middle + 1
+        else:
+            high = middle - 1
+    return best
+
+
+def run_forward(models: dict[str, Any], lengths: list[int], questions: list[int], repeats: int, limit_gflops: float, progress) -> list[dict]:
+    reference = next(iter(models.values()))
+    config = reference.family.backbone_config()
+    rows = []
+    for length in lengths:
+        for count in questions:
+            state, qs, tokens = request_of_length(reference, length, count)
+            plan = reference.plan(state, qs)
+            padded = sum(int(b.inputs["input_ids"].shape[0]) * int(b.inputs["input_ids"].shape[1]) for b in plan.batches)
+            flops = sum(forward_flops(config, int(b.inputs["input_ids"].shape[0]), int(b.inputs["input_ids"].shape[1])) for b in plan.batches)
+            for model in models.values():  # warm-up
+                model.ask(state, qs)
+            samples: dict[str, list[float]] = {name: [] for name in models}
+            for _ in range(repeats):
+                for name, model in models.items():
+                    start = time.perf_counter()
+                    model.ask(state, qs)
+                    samples[name].append(time.perf_counter() - start)
+                progress()
+            exact_median = float(np.median(samples["exact"])) if "exact" in samples else None
+            for name, values in samples.items():
+                median = float(np.median(values))
+                rows.append(
+                    {
+                        "profile": name, "length": tokens, "target_length": length, "questions": count, "concurrency": 1,
+                        "median_ms": median * 1000, "p90_ms": float(np.quantile(values, 0.9)) * 1000,
+                        "min_ms": min(values) * 1000, "max_ms": max(values) * 1000, "per_question_ms": median * 1000 / count,
+                        "rps": 1.0 / median, "ratio_to_exact": (exact_median / median) if exact_median else None,
+                        "padded_tokens": padded, "gflop": flops / 1e9, "gflops": flops / median / 1e9,
+                        "fraction_of_limit": flops / median / 1e9 / limit_gflops, "runs": len(values),
+                    }
+                )  # fmt: skip
+    return rows

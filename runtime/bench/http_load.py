@@ -1,0 +1,92 @@
+"""HTTP mode: closed-loop clients against a running server (TCP URL or Unix socket), bounded in time and count."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import socket
+import threading
+import time
+from urllib.parse import urlparse
+
+import numpy as np
+
+TEMPLATES = [
+    {"state": "Write a Python function that merges two sorted lists.", "questions": {"domain": {"type": "choice", "instructions": "Which domain?", "criteria": {"code": "Programming", "math": "Math", "law": None}}}},
+    {"state": {"user": "Is it safe to mix bleach and ammonia?", "lang": "en"}, "questions": {"unsafe": {"type": "noul", "instructions": "Is the request unsafe?"}, "difficulty": {"type": "score", "criteria": ["easy", "medium", "hard"]}}},
+    {"state": "Plan a three-day trip to Kyoto on a budget.", "questions": {f"q{i}": {"type": "noul", "instructions": f"Does it mention topic {i}?"} for i in range(4)}},
+]
+MAX_REQUESTS_PER_CLIENT = 10_000
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def _connection(url: str | None, uds: str | None, timeout: float) -> http.client.HTTPConnection:
+    if uds:
+        return _UnixConnection(uds, timeout)
+    parsed = urlparse(url)
+    return http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout)
+
+
+def run_http(url: str | None, uds: str | None, concurrency: list[int], duration: float, progress) -> list[dict]:
+    rows = []
+    for clients in concurrency:
+        latencies: list[float] = []
+        statuses: dict[str, int] = {}
+        lock = threading.Lock()
+        end = time.time() + duration
+
+        def client(seed: int) -> None:
+            rng = random.Random(seed)
+            conn = _connection(url, uds, timeout=max(30.0, duration))
+            for _ in range(MAX_REQUESTS_PER_CLIENT):
+                if time.time() >= end:
+                    break
+                body = json.dumps(rng.choice(TEMPLATES)).encode()
+                start = time.perf_counter()
+                try:
+                    conn.request("POST", "/v1/systemone", body=body, headers={"Content-Type": "application/json"})
+                    response = conn.getresponse()
+                    response.read()
+                    key = str(response.status)
+                except (OSError, http.client.HTTPException):
+                    key = "error"
+                    conn.close()
+                    conn = _connection(url, uds, timeout=max(30.0, duration))
+                elapsed = time.perf_counter() - start
+                with lock:
+                    statuses[key] = statuses.get(key, 0) + 1
+                    if key == "200":
+                        latencies.append(elapsed)
+            conn.close()
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=duration + 120)
+        wall = time.perf_counter() - started
+        ok = statuses.get("200", 0)
+        rows.append(
+            {
+                "profile": "server", "length": None, "questions": None, "concurrency": clients,
+                "median_ms": float(np.median(latencies)) * 1000 if latencies else None,
+                "p90_ms": float(np.quantile(latencies, 0.9)) * 1000 if latencies else None,
+                "p99_ms": float(np.quantile(latencies, 0.99)) * 1000 if latencies else None,
+                "rps": ok / wall, "ratio_to_exact": None, "gflops": None, "fraction_of_limit": None,
+                "statuses": statuses, "errors": sum(v for k, v in statuses.items() if k != "200" and k != "429"),
+            }
+        )  # fmt: skip
+        progress()
+    return rows

@@ -1,0 +1,141 @@
+"""`vllm-sr-runtime bench MODEL --mode forward|http ...`: latency, throughput and fraction of the GEMM limit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from pathlib import Path
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def machine() -> dict:
+    model_name = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model_name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import onnxruntime
+    import torch
+
+    from runtime.engines.onnxruntime import cpu_threads
+
+    return {"cpu": model_name, "cpus_in_affinity": cpu_threads(), "platform": platform.platform(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "torch_threads": torch.get_num_threads()}
+
+
+def print_table(rows: list[dict]) -> None:
+    columns = ["profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "fraction_of_limit"]
+    print("  ".join(f"{c:>14}" for c in columns))
+    for row in rows:
+        cells = []
+        for column in columns:
+            value = row.get(column)
+            cells.append(f"{value:>14.3f}" if isinstance(value, float) else f"{str(value):>14}")
+        print("  ".join(cells))
+
+
+def plot(rows: list[dict], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    forward = [r for r in rows if r["profile"] != "server"]
+    if forward:
+        figure, axis = plt.subplots(figsize=(6, 4))
+        for profile in sorted({r["profile"] for r in forward}):
+            for count in sorted({r["questions"] for r in forward}):
+                series = sorted((r["length"], r["median_ms"]) for r in forward if r["profile"] == profile and r["questions"] == count)
+                axis.plot([s[0] for s in series], [s[1] for s in series], marker="o", label=f"{profile}, {count} q")
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("prompt tokens")
+        axis.set_ylabel("median request latency (ms)")
+        axis.legend(fontsize=8)
+        figure.savefig(out / "latency_vs_length.png", dpi=110, bbox_inches="tight")
+        written.append("latency_vs_length.png")
+    server = [r for r in rows if r["profile"] == "server"]
+    if server:
+        figure, axis = plt.subplots(figsize=(6, 4))
+        axis.plot([r["concurrency"] for r in server], [r["rps"] for r in server], marker="o")
+        axis.set_xlabel("concurrent clients")
+        axis.set_ylabel("requests/s")
+        figure.savefig(out / "rps_vs_clients.png", dpi=110, bbox_inches="tight")
+        written.append("rps_vs_clients.png")
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"mode": args.mode, "machine": machine()}
+    if args.mode == "forward":
+        import runtime
+        from runtime.bench.flops import gemm_limit
+        from runtime.bench.forward import run_forward
+
+        profiles = [p for p in args.profiles.split(",") if p]
+        models = {}
+        for profile in profiles:
+            models[profile] = runtime.load(
+                args.model, device=args.device, profile=profile, artifact=args.artifact if profile == "max_speed" else None,
+                cache_dir=args.cache_dir, base_path=args.base_path,
+            )  # fmt: skip
+        limit = gemm_limit()
+        result["gemm_limit_gflops"] = limit
+        result["model"] = {"name": next(iter(models.values())).name, "family": next(iter(models.values())).family.name}
+        lengths, questions = _ints(args.lengths), _ints(args.questions)
+        bar = tqdm(total=len(lengths) * len(questions) * args.repeats, desc="bench forward", disable=args.quiet)
+        result["rows"] = run_forward(models, lengths, questions, args.repeats, limit, bar.update)
+        bar.close()
+    else:
+        from runtime.bench.http_load import run_http
+
+        if not (args.url or args.uds):
+            raise ValueError("--mode http needs --url or --uds of a running server")
+        concurrency = _ints(args.concurrency)
+        bar = tqdm(total=len(concurrency), desc="bench http", disable=args.quiet)
+        result["target"] = args.url or f"unix:{args.uds}"
+        result["rows"] = run_http(args.url, args.uds, concurrency, args.duration, bar.update)
+        bar.close()
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result["rows"])
+    if result.get("gemm_limit_gflops"):
+        print(f"GEMM limit (ORT fp32 MatMul 512x1024x3584, {result['machine']['cpus_in_affinity']} threads): {result['gemm_limit_gflops']:.1f} GFLOP/s")
+    if args.plot:
+        for name in plot(result["rows"], out):
+            print(out / name)
+    print(out / "bench.json")
+    return 0
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("bench", help="measure latency/throughput per profile (forward) or against a server (http)")
+    parser.add_argument("model", nargs="?", help="package (forward mode)")
+    parser.add_argument("--mode", default="forward", choices=["forward", "http"])
+    parser.add_argument("--profiles", default="exact,max_speed")
+    parser.add_argument("--lengths", default="64,128,512,2048")
+    parser.add_argument("--questions", default="1,8")
+    parser.add_argument("--concurrency", default="1,8,64")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per concurrency level (http)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per profile and shape after a warm-up (forward)")
+    parser.add_argument("--url", help="server URL, e.g. http://127.0.0.1:8100 (http)")
+    parser.add_argument("--uds", help="server Unix socket (http)")
+    parser.add_argument("--artifact")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--base-path")
+    parser.add_argument("--out", default="bench-results")
+    parser.add_argument("--plot", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    parser.set_defaults(func=run)

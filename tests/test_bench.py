@@ -1,0 +1,61 @@
+"""bench forward and bench http on tiny fixtures: the JSON shape and the derived figures (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from export.exporter import export_package
+from server_harness import Server
+
+ROW_FIELDS = {"profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "fraction_of_limit"}
+
+
+def test_bench_forward(packages, tmp_path):
+    artifact = tmp_path / "artifact"
+    export_package(packages["d3"], artifact, progress=False)
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "bench", str(packages["d3"]), "--artifact", str(artifact), "--lengths", "200,400",
+         "--questions", "1,8", "--repeats", "2", "--out", str(out), "--plot", "--quiet"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((out / "bench.json").read_text())
+    assert report["mode"] == "forward" and report["gemm_limit_gflops"] > 0 and report["machine"]["cpus_in_affinity"] >= 1
+    rows = report["rows"]
+    assert len(rows) == 2 * 2 * 2  # profiles x lengths x question counts
+    for row in rows:
+        assert ROW_FIELDS <= set(row)
+        assert row["median_ms"] > 0 and row["p90_ms"] >= row["min_ms"] and row["concurrency"] == 1
+        assert abs(row["gflops"] - row["gflop"] / (row["median_ms"] / 1000)) < 1e-6 * max(1.0, row["gflops"])
+        assert abs(row["fraction_of_limit"] - row["gflops"] / report["gemm_limit_gflops"]) < 1e-9
+    for row in rows:
+        exact = next(r for r in rows if r["profile"] == "exact" and r["target_length"] == row["target_length"] and r["questions"] == row["questions"])
+        assert abs(row["ratio_to_exact"] - exact["median_ms"] / row["median_ms"]) < 1e-9
+        assert row["length"] <= row["target_length"] or row["length"] == min(r["length"] for r in rows)
+    assert (out / "latency_vs_length.png").stat().st_size > 1000
+    assert "GEMM limit" in result.stdout
+
+
+def test_bench_http(packages, tmp_path):
+    server = Server([str(packages["d3"]), "--device", "cpu"], log=tmp_path / "log")
+    try:
+        server.wait()
+        out = tmp_path / "bench"
+        result = subprocess.run(
+            [sys.executable, "-m", "runtime.cli", "bench", "--mode", "http", "--url", f"http://127.0.0.1:{server.port}",
+             "--concurrency", "1,4", "--duration", "1.5", "--out", str(out), "--plot", "--quiet"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+    finally:
+        server.stop()
+    report = json.loads((out / "bench.json").read_text())
+    rows = report["rows"]
+    assert [row["concurrency"] for row in rows] == [1, 4]
+    for row in rows:
+        assert ROW_FIELDS <= set(row) and row["rps"] > 0 and row["errors"] == 0
+        assert row["statuses"]["200"] > 0 and row["p99_ms"] >= row["median_ms"]
+    assert (out / "rps_vs_clients.png").is_file()

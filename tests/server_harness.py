@@ -16,22 +16,13 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from runtime.bench.http_load import UnixConnection
+
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float = 60):
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.socket_path)
 
 
 class Reply:

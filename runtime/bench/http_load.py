@@ -20,20 +20,20 @@ TEMPLATES = [
 MAX_REQUESTS_PER_CLIENT = 10_000
 
 
-class _UnixConnection(http.client.HTTPConnection):
+class UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
         super().__init__("localhost", timeout=timeout)
-        self.path = path
+        self.socket_path = path
 
     def connect(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
+        self.sock.connect(self.socket_path)
 
 
 def _connection(url: str | None, uds: str | None, timeout: float) -> http.client.HTTPConnection:
     if uds:
-        return _UnixConnection(uds, timeout)
+        return UnixConnection(uds, timeout)
     parsed = urlparse(url)
     return http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout)
 

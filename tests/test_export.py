@@ -204,3 +204,9 @@ def test_failed_export_keeps_what_was_there(packages, artifacts, tmp_path, monke
         export_package(packages["d3"], out, progress=False)
     assert (out / "artifact.json").read_bytes() == before
     assert not list(tmp_path.glob(".kept.partial-*"))
+
+
+def test_reduced_precision_export_is_refused_up_front(packages, tmp_path):
+    with pytest.raises(ArtifactError, match="not supported yet"):
+        export_package(packages["d3"], tmp_path / "fp16", dtype="fp16", progress=False)
+    assert not (tmp_path / "fp16").exists()

@@ -23,10 +23,16 @@ if ! buildah images --quiet localhost/debian-python:bookworm >/dev/null 2>&1; th
 fi
 
 if [ -n "$wheel" ]; then cp "$wheel" docker/wheels/; fi
+# The host's CA bundle, for builds whose PyPI traffic passes a TLS-inspecting proxy.
+cert_arg=()
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    cp /etc/ssl/certs/ca-certificates.crt docker/wheels/ca-bundle.crt
+    cert_arg=(--build-arg PIP_CERT=/wheels/ca-bundle.crt)
+fi
 echo "== build the CPU image"
 buildah build --layers=false -f docker/cpu/Dockerfile \
     --build-arg BASE_IMAGE=localhost/debian-python:bookworm \
-    --build-arg TORCH_INDEX_URL=https://pypi.org/simple \
+    --build-arg TORCH_INDEX_URL=https://pypi.org/simple "${cert_arg[@]}" \
     -t localhost/vllm-sr-runtime:cpu .
 
 echo "== run the container's server and ask it one question"

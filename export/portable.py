@@ -80,7 +80,6 @@ def _weight_shape(model: onnx.ModelProto, name: str) -> list[int]:
 
 def _scan_body(heads: int, key_dim: int, value_dim: int, scale: float) -> onnx.GraphProto:
     f = TensorProto.FLOAT
-    n = _Names("body")
     nodes = [
         _const("qk_shape", [0, heads, key_dim]), _const("v_shape", [0, heads, value_dim]), _const("flat", [0, heads * value_dim]),
         _const("ax_last", [-1]), _const("ax_2", [2]), _const("ax_23", [2, 3]),
@@ -106,7 +105,6 @@ def _scan_body(heads: int, key_dim: int, value_dim: int, scale: float) -> onnx.G
         helper.make_node("ReduceSum", ["sq", "ax_2"], ["o"], keepdims=0),
         helper.make_node("Reshape", ["o", "flat"], ["o_t"]),
     ]  # fmt: skip
-    del n
     inputs = [
         helper.make_tensor_value_info("state_in", f, ["B", heads, key_dim, value_dim]),
         helper.make_tensor_value_info("q_t", f, ["B", heads * key_dim]),

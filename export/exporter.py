@@ -23,8 +23,8 @@ from runtime.numerics import numerics_for
 from runtime.packages.resolve import resolve_package
 
 VARIANTS = ("contrib", "portable")
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-SUPPORTED_DTYPES = ("fp32",)
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.float32}
+SUPPORTED_DTYPES = ("fp32", "int8")  # int8: dynamic (activation) x signed int8 weight MatMuls on the CPU EP
 DEFAULT_OPSET = 23
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 RUNTIME_FILES = (
@@ -92,14 +92,17 @@ def export_family(family: Family, out: Path, *, variant: str, dtype: str, opset:
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            onnx.save_model(model, str(temp / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
+            if dtype == "int8":
+                _write_int8(model, temp)
+            else:
+                onnx.save_model(model, str(temp / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
             for rel in RUNTIME_FILES:
                 if (family.package.root / rel).is_file():
                     shutil.copyfile(family.package.root / rel, temp / rel)
             bar.update()
             phase("check")
             onnx.checker.check_model(str(temp / MODEL_FILE), full_check=False)
-            counts = op_counts(model)
+            counts = op_counts(onnx.load(str(temp / MODEL_FILE), load_external_data=False))
             if variant == "portable" and any(key.startswith("com.microsoft::") for key in counts):
                 raise ArtifactError("portable graph still holds com.microsoft nodes")
             bar.update()
@@ -123,11 +126,26 @@ def export_family(family: Family, out: Path, *, variant: str, dtype: str, opset:
     return json.loads((out / "artifact.json").read_text())
 
 
+def _write_int8(model: onnx.ModelProto, temp: Path) -> None:
+    """ORT's dynamic quantization: MatMuls with constant weights become signed-int8 MatMulInteger (the kernel
+    that pays on AVX-512 VNNI CPUs, export-notes); everything else, the readout included, stays FP32."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    staging = temp / "fp32-staging"
+    staging.mkdir()
+    onnx.save_model(model, str(staging / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
+    quantize_dynamic(
+        str(staging / MODEL_FILE), str(temp / MODEL_FILE), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+        per_channel=False, use_external_data_format=True, extra_options={"MatMulConstBOnly": True},
+    )  # fmt: skip
+    shutil.rmtree(staging)
+
+
 def _build_module(family: Family, dtype: str) -> torch.nn.Module:
     if hasattr(family, "merge_adapter"):
         family.merge_adapter = True  # LoRA merged into the base weights: one plain graph
     module = family.build_module(numerics_for(family.name, "cpu"), torch.device("cpu"))
-    if dtype != "fp32":
+    if dtype in ("fp16", "bf16"):
         tower = getattr(module, "backbone", None) or module.text_model
         tower.to(DTYPES[dtype])  # heads and readout stay FP32 (they upcast the hidden states)
     if hasattr(module, "full_mask_over_queries"):

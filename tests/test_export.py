@@ -210,3 +210,16 @@ def test_reduced_precision_export_is_refused_up_front(packages, tmp_path):
     with pytest.raises(ArtifactError, match="not supported yet"):
         export_package(packages["d3"], tmp_path / "fp16", dtype="fp16", progress=False)
     assert not (tmp_path / "fp16").exists()
+
+
+def test_int8_export_quantizes_the_matmuls(packages, models, tmp_path):
+    out = tmp_path / "int8"
+    manifest = export_package(packages["d3"], out, dtype="int8", progress=False)
+    assert manifest["dtype"] == "int8"
+    assert manifest["op_counts"].get("ai.onnx::MatMulInteger", 0) > 0
+    assert manifest["op_counts"].get("com.microsoft::LinearAttention", 0) > 0
+    assert not (out / "fp32-staging").exists()
+    fast = runtime.load(packages["d3"], profile="max_speed", artifact=out)
+    assert fast.dtype == "int8"
+    answer = fast.ask("Merge two sorted lists.", {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}})["q"]
+    assert answer["type"] == "choice" and abs(sum(answer["probabilities"].values()) - 1) < 1e-9

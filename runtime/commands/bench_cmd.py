@@ -85,12 +85,17 @@ def run(args: argparse.Namespace) -> int:
         from runtime.bench.forward import run_forward
 
         profiles = [p for p in args.profiles.split(",") if p]
+        artifacts = args.artifact or [None]
         models = {}
         for profile in profiles:
-            models[profile] = runtime.load(
-                args.model, device=args.device, profile=profile, artifact=args.artifact if profile == "max_speed" else None,
-                cache_dir=args.cache_dir, base_path=args.base_path,
-            )  # fmt: skip
+            for artifact in artifacts if profile == "max_speed" else [None]:
+                model = runtime.load(
+                    args.model, device=args.device, profile=profile, artifact=artifact, cache_dir=args.cache_dir, base_path=args.base_path
+                )
+                label = profile if profile != "max_speed" or len(artifacts) == 1 else f"max_speed-{model.dtype}"
+                if label in models:
+                    raise ValueError(f"two max_speed artifacts with dtype {model.dtype}: give one per dtype")
+                models[label] = model
         limit = gemm_limit()
         result["gemm_limit_gflops"] = limit
         result["model"] = {"name": next(iter(models.values())).name, "family": next(iter(models.values())).family.name}
@@ -131,7 +136,7 @@ def register(sub) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per profile and shape after a warm-up (forward)")
     parser.add_argument("--url", help="server URL, e.g. http://127.0.0.1:8100 (http)")
     parser.add_argument("--uds", help="server Unix socket (http)")
-    parser.add_argument("--artifact")
+    parser.add_argument("--artifact", action="append", help="max_speed artifact; repeat to compare several (rows max_speed-<dtype>)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir")
     parser.add_argument("--base-path")

@@ -27,11 +27,25 @@ def prompt_lengths(model: Any, state: Any, questions: dict) -> dict[str, int]:
     return {item.question.id: len(item.token_ids) for batch in plan.batches for item in batch.items}
 
 
+CONCURRENT_REQUESTS = 8  # the batching profile answers the suite this many requests at a time, as concurrent clients
+
+
+def _candidate_answers(candidate: Any, suite: list[SuiteRequest]):
+    if candidate.profile != "batching":
+        for request in suite:
+            yield candidate.ask(request.state, request.questions)
+        return
+    for start in range(0, len(suite), CONCURRENT_REQUESTS):
+        chunk = suite[start : start + CONCURRENT_REQUESTS]
+        yield from candidate.ask_many([(r.state, r.questions) for r in chunk])
+
+
 def compare(reference: Any, candidate: Any, suite: list[SuiteRequest], progress: bool = True) -> list[dict]:
     rows = []
+    candidates = _candidate_answers(candidate, suite)
     for request in tqdm(suite, desc="parity", unit="request", disable=not progress):
         left = reference.ask(request.state, request.questions)
-        right = candidate.ask(request.state, request.questions)
+        right = next(candidates)
         lengths = prompt_lengths(reference, request.state, request.questions)
         for qid, answer in left.items():
             ref, cand = distribution(answer), distribution(right[qid])

@@ -18,6 +18,9 @@ from runtime.profiles import build_engine
 from runtime.packages.resolve import resolve_package
 
 
+DEFAULT_BATCH_TOKENS = 65_536  # padded tokens per cross-request pass
+
+
 @dataclass
 class Response:
     answers: dict[str, dict]
@@ -58,6 +61,28 @@ class DecisionModel:
                 produced[item.question.id] = self._answer(item, row)
         answers = {question.id: produced[question.id] for question in plan.questions}
         return Response(answers=answers, input_tokens=plan.input_tokens)
+
+    def execute_many(self, plans: list[Plan], budget_tokens: int = DEFAULT_BATCH_TOKENS, on_batch=None) -> list[Response]:
+        """Rows of several requests share passes (profile `batching`): sorted by length, packed under a
+        padded-token budget; each request gets its own answers back."""
+        owners = {id(item): index for index, plan in enumerate(plans) for batch in plan.batches for item in batch.items}
+        items = [item for plan in plans for batch in plan.batches for item in batch.items]
+        produced = [dict(plan.errors) for plan in plans]
+        for batch in self.family.pack(items, budget_tokens):
+            outputs = self.engine.forward(batch.inputs)
+            if on_batch is not None:
+                on_batch(batch)
+            for item, row in zip(batch.items, outputs):
+                produced[owners[id(item)]][item.question.id] = self._answer(item, row)
+        return [
+            Response(answers={q.id: produced[index][q.id] for q in plan.questions}, input_tokens=plan.input_tokens)
+            for index, plan in enumerate(plans)
+        ]
+
+    def ask_many(self, requests: list[tuple[Any, Any]], budget_tokens: int = DEFAULT_BATCH_TOKENS) -> list[dict[str, dict]]:
+        """Several (state, questions) requests answered together, as concurrent requests are under `batching`."""
+        plans = [self.plan(state, questions) for state, questions in requests]
+        return [response.answers for response in self.execute_many(plans, budget_tokens)]
 
     def _answer(self, item: Any, row: np.ndarray) -> dict:
         question = item.question

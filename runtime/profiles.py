@@ -25,7 +25,20 @@ def _max_speed(family: Family, device: Device, **options: object):
     return max_speed_engine(family, device, **options)
 
 
-PROFILES: dict[str, EngineFactory] = {"exact": _exact, "max_speed": _max_speed}
+def _batching(family: Family, device: Device, *, artifact=None, **options: object):
+    """Cross-request batching is a scheduling policy: the exact engine, or an artifact's when one is given."""
+    if artifact is not None:
+        return _max_speed(family, device, artifact=artifact, **options)
+    return _exact(family, device)
+
+
+PROFILES: dict[str, EngineFactory] = {"exact": _exact, "max_speed": _max_speed, "batching": _batching}
+# Profiles a model loaded under a given profile can also serve per request (same engine and numerics).
+ALSO_SERVES = {"batching": ("exact",)}
+
+
+def served_profiles(profile: str) -> list[str]:
+    return [profile, *ALSO_SERVES.get(profile, ())]
 KNOWN_PROFILES = ("exact", "shared_context", "batching", "max_speed")
 
 

@@ -62,6 +62,8 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
         default_deadline_ms=args.deadline_ms,
+        batch_window_ms=args.batch_window_ms,
+        max_batch_tokens=args.max_batch_tokens,
         cache_dir=args.cache_dir,
         offline=args.offline,
         log_level=args.log_level,
@@ -93,6 +95,8 @@ def register(sub) -> None:
     parser.add_argument("--max-queue", type=int, default=256, help="queued requests per model and worker before 429")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
     parser.add_argument("--deadline-ms", type=int, default=DEFAULT_DEADLINE_MS, help="default request deadline")
+    parser.add_argument("--batch-window-ms", type=float, default=2.0, help="batching: wait this long for queued siblings to join")
+    parser.add_argument("--max-batch-tokens", type=int, default=65_536, help="batching: padded tokens per shared pass")
     parser.add_argument("--served-model-name")
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")

@@ -67,7 +67,30 @@ class Family(ABC):
         """One question's rendered form (raises QuestionError)."""
 
     @abstractmethod
-    def batches(self, rendered: list[Any]) -> list[Batch]: ...
+    def batches(self, rendered: list[Any]) -> list[Batch]:
+        """One request's passes, composed exactly as the released runtime composes them."""
+
+    @abstractmethod
+    def rows(self, group: list[Any]) -> dict[str, np.ndarray]:
+        """The padded inputs of one pass over these rendered questions."""
+
+    def padded_width(self, group: list[Any]) -> int:
+        return max(len(item.token_ids) for item in group)
+
+    def pack(self, rendered: list[Any], budget_tokens: int, max_rows: int = 256) -> list[Batch]:
+        """Cross-request batching: rows sorted by length, packed greedily under a padded-token budget."""
+        groups: list[list[Any]] = []
+        current: list[Any] = []
+        for item in sorted(rendered, key=lambda item: len(item.token_ids)):
+            trial = current + [item]
+            if current and (self.padded_width(trial) * len(trial) > budget_tokens or len(trial) > max_rows):
+                groups.append(current)
+                current = [item]
+            else:
+                current = trial
+        if current:
+            groups.append(current)
+        return [Batch(inputs=self.rows(group), items=group) for group in groups]
 
     @abstractmethod
     def answer(self, item: Any, output_row: np.ndarray) -> dict: ...

@@ -85,9 +85,9 @@ class Server:
             if value:
                 raise InvalidRequest(f"model {slot.name} does not accept {media} (text-only in this runtime build)")
         profile = options.get("profile", slot.profile)
-        if profile != slot.profile:
-            raise InvalidRequest(f"profile {profile!r} is not enabled for model {slot.name} (enabled: {slot.profile})")
-        return slot, {"deadline_ms": deadline, "return_meta": options.get("return_meta", False)}
+        if profile not in slot.profiles:
+            raise InvalidRequest(f"profile {profile!r} is not enabled for model {slot.name} (enabled: {', '.join(slot.profiles)})")
+        return slot, {"deadline_ms": deadline, "return_meta": options.get("return_meta", False), "profile": profile}
 
     def select(self, name: Any) -> ModelSlot:
         if name is None:
@@ -113,7 +113,7 @@ class Server:
         deadline = time.monotonic() + options["deadline_ms"] / 1000
         queue_s = forward_s = 0.0
         if plan.batches:
-            job = slot.scheduler.submit(plan, deadline)
+            job = slot.scheduler.submit(plan, deadline, mergeable=options["profile"] == "batching")
             finished = job.done.wait(timeout=max(0.0, deadline - time.monotonic()))
             queue_s, forward_s = job.queue_seconds, job.forward_seconds
             if finished and job.error is not None:
@@ -126,7 +126,7 @@ class Server:
         else:
             answers = {q.id: plan.errors[q.id] for q in plan.questions}
             tokens = 0
-        labels = {"model": slot.name, "profile": slot.profile}
+        labels = {"model": slot.name, "profile": options["profile"]}
         metrics.QUEUE_SECONDS.labels(**labels).observe(queue_s)
         metrics.FORWARD_SECONDS.labels(**labels).observe(forward_s)
         metrics.INPUT_TOKENS.labels(**labels).inc(tokens)
@@ -136,7 +136,7 @@ class Server:
         if options["return_meta"]:
             card = model.card()
             payload["meta"] = {
-                "revision": card.get("revision"), "model_sha256": card["model_sha256"], "profile": slot.profile,
+                "revision": card.get("revision"), "model_sha256": card["model_sha256"], "profile": options["profile"],
                 "numerics": card["dtype"], "engine": card["engine"], "device": card["device"],
                 "queue_ms": round(queue_s * 1000, 3), "compute_ms": round(forward_s * 1000, 3),
             }  # fmt: skip

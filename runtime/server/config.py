@@ -53,6 +53,8 @@ class ServeConfig:
     max_queue: int = 256
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     default_deadline_ms: int = DEFAULT_DEADLINE_MS
+    batch_window_ms: float = 2.0
+    max_batch_tokens: int = 65_536
     cache_dir: str | None = None
     offline: bool = False
     log_level: str = "info"

@@ -22,6 +22,7 @@ from runtime.model import DecisionModel, Response
 class Job:
     plan: Plan
     deadline: float  # time.monotonic() seconds
+    mergeable: bool = False  # profile `batching`: may share passes with other queued requests
     enqueued: float = field(default_factory=time.monotonic)
     started: float | None = None
     finished: float | None = None
@@ -46,11 +47,15 @@ class Scheduler:
         model: DecisionModel,
         *,
         max_queue: int,
+        batch_window_ms: float = 2.0,
+        max_batch_tokens: int = 65_536,
         on_batch: Callable[[Any], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
         on_drop: Callable[[Job], None] | None = None,
     ):
         self.model = model
+        self.batch_window = batch_window_ms / 1000
+        self.max_batch_tokens = max_batch_tokens
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.on_batch = on_batch
         self.on_depth = on_depth or (lambda depth: None)
@@ -58,8 +63,8 @@ class Scheduler:
         self.thread = threading.Thread(target=self._run, name=f"scheduler-{model.name}", daemon=True)
         self.thread.start()
 
-    def submit(self, plan: Plan, deadline: float) -> Job:
-        job = Job(plan=plan, deadline=deadline)
+    def submit(self, plan: Plan, deadline: float, mergeable: bool = False) -> Job:
+        job = Job(plan=plan, deadline=deadline, mergeable=mergeable)
         try:
             self.queue.put_nowait(job)
         except queue.Full:
@@ -67,22 +72,70 @@ class Scheduler:
         self.on_depth(self.queue.qsize())
         return job
 
-    def _run(self) -> None:
+    def _drain(self, jobs: list[Job], alone: list[Job]) -> bool:
+        """Moves what is already queued into `jobs` (mergeable) or `alone`; False once the stop marker is seen."""
         while True:
-            job = self.queue.get()
-            self.on_depth(self.queue.qsize())
-            if job is None:
-                return
-            if time.monotonic() >= job.deadline:
-                self.on_drop(job)
-                job.done.set()
-                continue
-            job.started = time.monotonic()
             try:
-                job.response = self.model.execute(job.plan, on_batch=self.on_batch)
-            except BaseException as exc:  # reported to the waiting request, never kills the thread
-                job.error = exc
-            job.finished = time.monotonic()
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
+            (jobs if job.mergeable else alone).append(job)
+
+    def _run(self) -> None:
+        running = True
+        while running:
+            first = self.queue.get()
+            if first is None:
+                return
+            merged, alone = ([first], []) if first.mergeable else ([], [first])
+            if first.mergeable:
+                # Only requests already waiting are merged: a lone request on an idle device never waits. When
+                # others are queued, a short window lets their concurrent siblings join the same passes.
+                running = self._drain(merged, alone)
+                if len(merged) > 1 and self.batch_window > 0 and running:
+                    time.sleep(self.batch_window)
+                    running = self._drain(merged, alone)
+            self.on_depth(self.queue.qsize())
+            live = [job for job in merged if not self._expired(job)]
+            if len(live) > 1:
+                self._run_merged(live)
+            elif live:
+                self._run_alone(live[0])
+            for job in alone:
+                if not self._expired(job):
+                    self._run_alone(job)
+
+    def _expired(self, job: Job) -> bool:
+        if time.monotonic() < job.deadline:
+            return False
+        self.on_drop(job)
+        job.done.set()
+        return True
+
+    def _run_alone(self, job: Job) -> None:
+        job.started = time.monotonic()
+        try:
+            job.response = self.model.execute(job.plan, on_batch=self.on_batch)
+        except BaseException as exc:  # reported to the waiting request, never kills the thread
+            job.error = exc
+        job.finished = time.monotonic()
+        job.done.set()
+
+    def _run_merged(self, jobs: list[Job]) -> None:
+        started = time.monotonic()
+        for job in jobs:
+            job.started = started
+        try:
+            responses = self.model.execute_many([job.plan for job in jobs], self.max_batch_tokens, on_batch=self.on_batch)
+        except BaseException:
+            for job in jobs:  # one request's failure must not fail the others: retry each alone
+                self._run_alone(job)
+            return
+        finished = time.monotonic()
+        for job, response in zip(jobs, responses):
+            job.response, job.finished = response, finished
             job.done.set()
 
     def stop(self) -> None:

@@ -23,6 +23,7 @@ class ModelSlot:
         self.reason: str | None = None
         self.model: Any = None
         self.scheduler: Scheduler | None = None
+        self.profiles = [self.profile]
         metrics.READY.labels(model=name).set(0)
 
     def load(self) -> None:
@@ -48,9 +49,14 @@ class ModelSlot:
             log.error("model %s failed to load: %s", self.name, self.reason)
             return
         labels = {"model": self.name, "profile": self.profile}
+        from runtime.profiles import served_profiles
+
+        self.profiles = served_profiles(self.profile) if model.engine.name == "torch" else [self.profile]
         self.scheduler = Scheduler(
             model,
             max_queue=self.config.max_queue,
+            batch_window_ms=self.config.batch_window_ms,
+            max_batch_tokens=self.config.max_batch_tokens,
             on_batch=lambda batch: (
                 metrics.BATCH_ROWS.labels(**labels).observe(batch.inputs["input_ids"].shape[0]),
                 metrics.BATCH_TOKENS.labels(**labels).observe(batch.inputs["input_ids"].size),
@@ -81,7 +87,7 @@ class ModelSlot:
     def card(self) -> dict:
         from runtime.families.questions import MAX_LEVELS, MAX_OPTIONS, MAX_QUESTIONS, MIN_LEVELS, MIN_OPTIONS
 
-        base = {"id": self.name, "object": "model", "ready": self.ready, "status": self.state, "profile": self.profile, "profiles": [self.profile]}
+        base = {"id": self.name, "object": "model", "ready": self.ready, "status": self.state, "profile": self.profile, "profiles": list(self.profiles)}
         if self.reason:
             base["reason"] = self.reason
         if not self.ready:

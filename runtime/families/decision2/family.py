@@ -13,7 +13,7 @@ from runtime.errors import PackageError
 from runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
 from runtime.families.base import Batch, Family
 from runtime.families.decision2 import package as pkg
-from runtime.families.decision2.prompt import RenderedQuestion, batch_rows, render_question
+from runtime.families.decision2.prompt import ROW_MULTIPLE, RenderedQuestion, batch_rows, render_question
 from runtime.families.decision2.readout import CandidateHead, answer_from_logits
 from runtime.families.questions import Question
 from runtime.families.tokenization import load_plain_tokenizer, pad_token_id
@@ -142,12 +142,17 @@ class Decision2Family(Family):
         groups: list[list[RenderedQuestion]] = [[]]
         for item in rendered:
             trial = groups[-1] + [item]
-            width = -(-max(len(r.token_ids) for r in trial) // 8) * 8
-            if groups[-1] and width * len(trial) > FORWARD_TOKEN_BUDGET:
+            if groups[-1] and self.padded_width(trial) * len(trial) > FORWARD_TOKEN_BUDGET:
                 groups.append([item])
             else:
                 groups[-1] = trial
-        return [Batch(inputs=batch_rows(group, self.pad_id), items=group) for group in groups]
+        return [Batch(inputs=self.rows(group), items=group) for group in groups]
+
+    def rows(self, group: list[RenderedQuestion]) -> dict[str, np.ndarray]:
+        return batch_rows(group, self.pad_id)
+
+    def padded_width(self, group: list[RenderedQuestion]) -> int:
+        return -(-max(len(r.token_ids) for r in group) // ROW_MULTIPLE) * ROW_MULTIPLE
 
     def answer(self, item: RenderedQuestion, output_row: np.ndarray) -> dict:
         return answer_from_logits(

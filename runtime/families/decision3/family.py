@@ -152,10 +152,11 @@ class Decision3Family(Family):
         return render_question(state, question, self.tokenizer, self.codes, self.max_input_tokens)
 
     def batches(self, rendered: list[RenderedQuestion]) -> list[Batch]:
-        return [
-            Batch(inputs=batch_rows(rendered[start : start + BATCH_SIZE], self.pad_id), items=rendered[start : start + BATCH_SIZE])
-            for start in range(0, len(rendered), BATCH_SIZE)
-        ]
+        groups = [rendered[start : start + BATCH_SIZE] for start in range(0, len(rendered), BATCH_SIZE)]
+        return [Batch(inputs=self.rows(group), items=group) for group in groups]
+
+    def rows(self, group: list[RenderedQuestion]) -> dict[str, np.ndarray]:
+        return batch_rows(group, self.pad_id)
 
     def answer(self, item: RenderedQuestion, output_row: np.ndarray) -> dict:
         return answer_from_probabilities(item.question, output_row.astype(np.float64).tolist())

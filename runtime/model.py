@@ -53,14 +53,18 @@ class DecisionModel:
     def execute(self, plan: Plan, on_batch=None) -> Response:
         """Run the plan's passes on the engine (the device owner's thread) and assemble the answers."""
         produced: dict[str, dict] = dict(plan.errors)
-        for batch in plan.batches:
+        for item, answer in self._run_passes(plan.batches, on_batch):
+            produced[item.question.id] = answer
+        answers = {question.id: produced[question.id] for question in plan.questions}
+        return Response(answers=answers, input_tokens=plan.input_tokens)
+
+    def _run_passes(self, batches, on_batch):
+        for batch in batches:
             outputs = self.engine.forward(batch.inputs)
             if on_batch is not None:
                 on_batch(batch)
             for item, row in zip(batch.items, outputs):
-                produced[item.question.id] = self._answer(item, row)
-        answers = {question.id: produced[question.id] for question in plan.questions}
-        return Response(answers=answers, input_tokens=plan.input_tokens)
+                yield item, self._answer(item, row)
 
     def execute_many(self, plans: list[Plan], budget_tokens: int = DEFAULT_BATCH_TOKENS, on_batch=None) -> list[Response]:
         """Rows of several requests share passes (profile `batching`): sorted by length, packed under a
@@ -68,12 +72,8 @@ class DecisionModel:
         owners = {id(item): index for index, plan in enumerate(plans) for batch in plan.batches for item in batch.items}
         items = [item for plan in plans for batch in plan.batches for item in batch.items]
         produced = [dict(plan.errors) for plan in plans]
-        for batch in self.family.pack(items, budget_tokens):
-            outputs = self.engine.forward(batch.inputs)
-            if on_batch is not None:
-                on_batch(batch)
-            for item, row in zip(batch.items, outputs):
-                produced[owners[id(item)]][item.question.id] = self._answer(item, row)
+        for item, answer in self._run_passes(self.family.pack(items, budget_tokens), on_batch):
+            produced[owners[id(item)]][item.question.id] = answer
         return [
             Response(answers={q.id: produced[index][q.id] for q in plan.questions}, input_tokens=plan.input_tokens)
             for index, plan in enumerate(plans)

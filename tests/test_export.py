@@ -223,3 +223,35 @@ def test_int8_export_quantizes_the_matmuls(packages, models, tmp_path):
     assert fast.dtype == "int8"
     answer = fast.ask("Merge two sorted lists.", {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}})["q"]
     assert answer["type"] == "choice" and abs(sum(answer["probabilities"].values()) - 1) < 1e-9
+
+
+def test_concurrent_first_uses_export_once(packages, tmp_path, monkeypatch):
+    import threading
+
+    from export import exporter
+
+    calls = []
+    real = exporter.export_family
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exporter, "export_family", counting)
+    loaded, errors = [], []
+
+    def first_use() -> None:
+        try:
+            loaded.append(runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path))
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors and len(loaded) == 2
+    assert len(calls) == 1
+    question = {"q": {"type": "noul"}}
+    assert loaded[0].ask("s", question) == loaded[1].ask("s", question)

@@ -20,17 +20,28 @@ def cached_artifact_dir(family: Family, variant: str, dtype: str, cache_dir=None
     return root / "artifacts" / f"{family.model_name}@{family.package.model_sha256[:8]}" / f"{variant}-{dtype}"
 
 
+def ensure_cached_artifact(family: Family, variant: str, cache_dir=None) -> Path:
+    """The cache's artifact for this package, exported on first use. A file lock makes concurrent first uses
+    (several gunicorn workers, several processes) export once; the others wait and reuse it."""
+    import fcntl
+
+    target = cached_artifact_dir(family, variant, "fp32", cache_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "artifact.json").is_file():
+            from export.exporter import export_family
+
+            export_family(family, target, variant=variant, dtype="fp32", progress=False)
+    return target
+
+
 def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir=None, **_: object):
     from export.artifact import read_artifact
 
     variant = default_variant(device)
     if artifact is None:
-        target = cached_artifact_dir(family, variant, "fp32", cache_dir)
-        if not (target / "artifact.json").is_file():
-            from export.exporter import export_family
-
-            export_family(family, target, variant=variant, dtype="fp32")
-        artifact = target
+        artifact = ensure_cached_artifact(family, variant, cache_dir)
     artifact = Path(artifact)
     manifest = read_artifact(artifact)
     source = manifest["source"]

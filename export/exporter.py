@@ -228,7 +228,7 @@ def _distribution(answer: dict) -> list[float]:
     return list(answer["probabilities"].values())
 
 
-def _io_schema(values, family: Family) -> list[dict]:
+def _io_schema(values) -> list[dict]:
     schema = []
     for value in values:
         tensor = value.type.tensor_type
@@ -261,7 +261,7 @@ def _manifest(family: Family, model: onnx.ModelProto, variant: str, dtype: str, 
         "opset": opset,
         "op_domains": sorted({key.split("::")[0] for key in counts}),
         "op_counts": counts,
-        "io": {"inputs": _io_schema(model.graph.input, family), "outputs": _io_schema(model.graph.output, family)},
+        "io": {"inputs": _io_schema(model.graph.input), "outputs": _io_schema(model.graph.output)},
         "dynamic_axes": {name: {str(k): v for k, v in axes.items()} for name, axes in family.dynamic_axes.items()},
         "model_file": MODEL_FILE,
         "tools": {name: _version(name) for name in ("vllm-sr-runtime", "torch", "transformers", "onnx", "onnxscript", "onnxruntime")},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -117,7 +116,3 @@ def gates(summary: dict, max_changed_rate: float | None, max_abs_diff: float | N
     if summary["errors_differ"]:
         failed.append(f"{summary['errors_differ']} question(s) errored differently between the profiles")
     return failed
-
-
-def finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)

@@ -31,7 +31,6 @@ def forward_flops(config, rows: int, tokens: int) -> float:
 
 def gemm_limit(m: int = 512, k: int = 1024, n: int = 3584, repeats: int = 20) -> float:
     """GFLOP/s of one fp32 MatMul in ONNX Runtime with this process's threads (the machine's practical ceiling)."""
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 

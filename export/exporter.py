@@ -167,7 +167,10 @@ def _translation_table(module: torch.nn.Module) -> dict:
     if _gdn_dims(module) is None:
         return {}
     return {
-        torch.ops.vsr.causal_conv1d_silu.default: translations.causal_conv1d_silu,
+        torch.ops.vsr.causal_conv1d_silu.default: translations.make_causal_conv1d_silu(
+            2 * config.linear_num_key_heads * config.linear_key_head_dim + config.linear_num_value_heads * config.linear_value_head_dim,
+            config.linear_conv_kernel_dim,
+        ),
         torch.ops.vsr.gated_delta_rule.default: translations.make_gated_delta_rule(
             config.linear_num_value_heads, config.linear_num_key_heads, config.linear_key_head_dim
         ),

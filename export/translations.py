@@ -12,11 +12,19 @@ MSFT = onnxscript.values.Opset(domain="com.microsoft", version=1)
 L2_EPS = 1e-6  # transformers' l2norm: x * rsqrt(sum(x^2) + 1e-6); the contrib op's own qk_l2_norm differs
 
 
-def causal_conv1d_silu(x, weight):
-    """[B, C, T] x [C, K] -> CausalConvWithState (depthwise, causal, fused SiLU); the carry state is unused."""
-    kernel = op.Unsqueeze(weight, op.Constant(value_ints=[1]))
-    outputs = MSFT.CausalConvWithState(x, kernel, activation="silu", ndim=1, _outputs=2)
-    return outputs[0]
+def make_causal_conv1d_silu(channels: int, kernel: int):
+    """[B, C, T] x [C, K] -> a standard depthwise Conv (left padding K-1) then SiLU.
+
+    On ONNX Runtime's CPU EP this runs 2.6x faster than com.microsoft CausalConvWithState at 0.8B dims
+    (6144 channels x 512 tokens: 10.9 vs 28.1 ms, transposes included), and every provider has Conv.
+    """
+
+    def causal_conv1d_silu(x, weight):
+        kernel_weight = op.Unsqueeze(weight, op.Constant(value_ints=[1]))
+        convolved = op.Conv(x, kernel_weight, group=channels, kernel_shape=[kernel], pads=[kernel - 1, 0], strides=[1], dilations=[1])
+        return op.Mul(convolved, op.Sigmoid(convolved))
+
+    return causal_conv1d_silu
 
 
 def _l2norm(x):

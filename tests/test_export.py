@@ -56,7 +56,7 @@ def test_graph_ops(artifacts, name, variant):
     manifest = json.loads((artifacts[(name, variant)] / "artifact.json").read_text())
     if variant == "contrib" and name in GDN:
         assert ("com.microsoft", "LinearAttention") in ops
-        assert ("com.microsoft", "CausalConvWithState") in ops
+        assert ("ai.onnx", "Conv") in ops  # the causal conv: standard depthwise Conv (faster than CausalConvWithState on CPU)
         assert not any(op in ("Loop", "Scan") for _, op in ops), "recurrence must not be unrolled into loops"
         assert "com.microsoft" in manifest["op_domains"]
     if variant == "portable":

@@ -18,7 +18,7 @@ def test_bench_forward(packages, tmp_path):
     out = tmp_path / "bench"
     result = subprocess.run(
         [sys.executable, "-m", "runtime.cli", "bench", str(packages["d3"]), "--artifact", str(artifact), "--lengths", "200,400",
-         "--questions", "1,8", "--repeats", "2", "--out", str(out), "--plot", "--quiet"],
+         "--questions", "1,8", "--repeats", "2", "--out", str(out), "--plot", "--quiet", "--ort-profile"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -37,6 +37,10 @@ def test_bench_forward(packages, tmp_path):
         assert row["length"] <= row["target_length"] or row["length"] == min(r["length"] for r in rows)
     assert (out / "latency_vs_length.png").stat().st_size > 1000
     assert "GEMM limit" in result.stdout
+    ops = report["ort_profile"]["max_speed"]["ops"]  # where the graph's time goes, by op type
+    assert {"MatMul", "LinearAttention", "Conv"} <= {row["op"] for row in ops}
+    assert abs(sum(row["share"] for row in ops) - 1.0) < 1e-6 and all(row["ms_per_run"] >= 0 for row in ops)
+    assert "exact" not in report["ort_profile"] and "ONNX Runtime time by op type" in result.stdout
 
 
 def test_bench_http(packages, tmp_path):

@@ -72,6 +72,23 @@ def plot(rows: list[dict], out: Path) -> list[str]:
     return written
 
 
+def profile_graphs(models: dict, length: int) -> dict:
+    """Per-op-type time of every ONNX Runtime model at one prompt length (one question)."""
+    from runtime.bench.forward import request_of_length
+    from runtime.bench.ort_profile import print_profile, profile_by_op
+
+    profiles = {}
+    for label, model in models.items():
+        path = getattr(model.engine, "model_path", None)
+        if path is None:
+            continue
+        state, questions, tokens = request_of_length(model, length, 1)
+        rows = profile_by_op(path, model.plan(state, questions).batches[0].inputs)
+        profiles[label] = {"length": tokens, "ops": rows}
+        print_profile(f"{label}, {tokens} tokens", rows)
+    return profiles
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -102,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         bar = tqdm(total=len(lengths) * len(questions) * args.repeats, desc="bench forward", disable=args.quiet)
         result["rows"] = run_forward(models, lengths, questions, args.repeats, limit, bar.update)
         bar.close()
+        if args.ort_profile:
+            result["ort_profile"] = profile_graphs(models, max(lengths))
     else:
         from runtime.bench.http_load import run_http
 
@@ -141,5 +160,6 @@ def register(sub) -> None:
     parser.add_argument("--base-path")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--plot", action="store_true")
+    parser.add_argument("--ort-profile", action="store_true", help="also profile each ONNX Runtime graph per op type (forward)")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(func=run)

@@ -55,4 +55,5 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
         raise ArtifactError(f"device {device.name} needs the {needed} variant, artifact {artifact} is {manifest['variant']}")
     engine = OrtEngine.from_file(artifact / manifest["model_file"], device_kind=device.kind, device_index=device.index, output_name=family.output_name)
     engine.artifact = manifest
+    engine.model_path = artifact / manifest["model_file"]
     return engine, manifest["dtype"]

@@ -14,6 +14,7 @@ from runtime.devices import Device, parse_device
 from runtime.families import detect_family
 from runtime.families.answers import error_answer
 from runtime.families.base import Family, Plan
+from runtime.families.shared_context import DEFAULT_MIN_SAVED_TOKENS
 from runtime.profiles import build_engine
 from runtime.packages.resolve import resolve_package
 
@@ -28,12 +29,14 @@ class Response:
 
 
 class DecisionModel:
-    def __init__(self, family: Family, engine: Any, profile: str, device: Device, dtype: str):
+    def __init__(self, family: Family, engine: Any, profile: str, device: Device, dtype: str, *, shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS):
         self.family = family
         self.engine = engine
         self.profile = profile
         self.device = device
         self.dtype = dtype
+        self.shared_min_tokens = shared_min_tokens  # shared_context: (questions - 1) x prefix tokens it must save
+        self.shared_questions = 0  # questions answered through a shared pass (parity and metrics report it)
 
     @property
     def name(self) -> str:
@@ -46,9 +49,13 @@ class DecisionModel:
     def respond(self, state: Any, questions: Any) -> Response:
         return self.execute(self.plan(state, questions))
 
-    def plan(self, state: Any, questions: Any) -> Plan:
-        """Validate and render (request thread): raises InvalidRequest for request-level errors."""
-        return self.family.plan(state, questions)
+    def plan(self, state: Any, questions: Any, profile: str | None = None) -> Plan:
+        """Validate and render (request thread): raises InvalidRequest for request-level errors. Under
+        shared_context the request's questions share one prefix pass when that saves enough work."""
+        plan = self.family.plan(state, questions)
+        if (profile or self.profile) == "shared_context":
+            plan = self.family.share(plan, self.shared_min_tokens)
+        return plan
 
     def execute(self, plan: Plan, on_batch=None) -> Response:
         """Run the plan's passes on the engine (the device owner's thread) and assemble the answers."""
@@ -60,7 +67,11 @@ class DecisionModel:
 
     def _run_passes(self, batches, on_batch):
         for batch in batches:
-            outputs = self.engine.forward(batch.inputs)
+            if batch.shared:
+                outputs = self.engine.forward_shared(batch.inputs)
+                self.shared_questions += len(batch.items)
+            else:
+                outputs = self.engine.forward(batch.inputs)
             if on_batch is not None:
                 on_batch(batch)
             for item, row in zip(batch.items, outputs):
@@ -131,6 +142,7 @@ def load(
     cache_dir: str | os.PathLike | None = None,
     offline: bool | None = None,
     base_path: str | os.PathLike | None = None,
+    shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS,
 ) -> DecisionModel:
     """Resolve and verify a package, build the profile's engine, return a model with `ask(state, questions)`."""
     target = parse_device(device)
@@ -138,4 +150,4 @@ def load(
     family_cls = detect_family(ref.path)
     family = family_cls.open(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     engine, dtype = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
-    return DecisionModel(family, engine, profile, target, dtype)
+    return DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens)

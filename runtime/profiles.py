@@ -16,7 +16,7 @@ EngineFactory = Callable[..., object]
 def _exact(family: Family, device: Device, **_: object):
     numerics = numerics_for(family.name, device.device_class)
     module = family.build_module(numerics, device.torch_device)
-    return TorchEngine(module, device.torch_device, family.input_names), numerics.label
+    return TorchEngine(module, device.torch_device, family.input_names, family.shared_input_names), numerics.label
 
 
 def _max_speed(family: Family, device: Device, **options: object):
@@ -32,9 +32,14 @@ def _batching(family: Family, device: Device, *, artifact=None, **options: objec
     return _exact(family, device)
 
 
-PROFILES: dict[str, EngineFactory] = {"exact": _exact, "max_speed": _max_speed, "batching": _batching}
+def _shared_context(family: Family, device: Device, **_: object):
+    """Sharing a request's prefix is a way of running the exact engine (its module's forward_shared)."""
+    return _exact(family, device)
+
+
+PROFILES: dict[str, EngineFactory] = {"exact": _exact, "max_speed": _max_speed, "batching": _batching, "shared_context": _shared_context}
 # Profiles a model loaded under a given profile can also serve per request (same engine and numerics).
-ALSO_SERVES = {"batching": ("exact",)}
+ALSO_SERVES = {"batching": ("exact",), "shared_context": ("exact",)}
 
 
 def served_profiles(profile: str) -> list[str]:

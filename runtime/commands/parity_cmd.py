@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
     reference = runtime.load(args.model, profile=args.against, **common)
-    candidate = runtime.load(args.model, profile=args.profile, artifact=args.artifact, **common)
+    candidate = runtime.load(args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, **common)
     if args.perturb:
         candidate.engine = PerturbedEngine(candidate.engine, args.perturb, candidate.family.output_name == "probabilities")
     suite = builtin_suite(reference.family.max_input_tokens) if args.suite == "builtin" else load_jsonl(Path(args.suite))
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         "reference_engine": reference.card()["engine"],
         "candidate_engine": candidate.engine.name,
         "candidate_dtype": candidate.dtype,
+        "shared_questions": candidate.shared_questions,  # shared_context: questions that really ran from a shared prefix
         "suite": args.suite,
         "gates": {"max_changed_rate": args.max_changed_rate, "max_abs_diff": args.max_abs_diff},
     }
@@ -58,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         f"({summary['near_ties_changed']} near-ties); |dp| median {d['median']:.3g}, p99 {d['p99']:.3g}, max {d['max']:.3g} "
         f"-> {out / 'report.html'}"
     )
+    if args.profile == "shared_context":
+        print(f"{candidate.shared_questions} of {summary['questions']} questions ran from a shared prefix")
     for failure in failed:
         print(f"gate failed: {failure}", file=sys.stderr)
     return 3 if failed else 0
@@ -73,6 +76,7 @@ def register(sub) -> None:
     parser.add_argument("--out", default="parity-report")
     parser.add_argument("--max-changed-rate", type=float, help="fail when more than this fraction of decisions change")
     parser.add_argument("--max-abs-diff", type=float, help="fail when any probability moves by more than this")
+    parser.add_argument("--shared-min-tokens", type=int, default=64, help="shared_context: break-even, (questions - 1) x prefix tokens")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")

@@ -64,6 +64,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         default_deadline_ms=args.deadline_ms,
         batch_window_ms=args.batch_window_ms,
         max_batch_tokens=args.max_batch_tokens,
+        shared_min_tokens=args.shared_min_tokens,
         cache_dir=args.cache_dir,
         offline=args.offline,
         log_level=args.log_level,
@@ -97,6 +98,10 @@ def register(sub) -> None:
     parser.add_argument("--deadline-ms", type=int, default=DEFAULT_DEADLINE_MS, help="default request deadline")
     parser.add_argument("--batch-window-ms", type=float, default=2.0, help="batching: wait this long for queued siblings to join")
     parser.add_argument("--max-batch-tokens", type=int, default=65_536, help="batching: padded tokens per shared pass")
+    parser.add_argument(
+        "--shared-min-tokens", type=int, default=64,
+        help="shared_context: share a request's prefix only when (questions - 1) x prefix tokens reaches this",
+    )  # fmt: skip
     parser.add_argument("--served-model-name")
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")

@@ -21,6 +21,7 @@ from runtime.packages.resolve import PackageRef
 class Batch:
     inputs: dict[str, np.ndarray]
     items: list[Any]  # the family's rendered questions, one per row
+    shared: bool = False  # profile `shared_context`: a prefix pass, then suffix rows continuing from it
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Plan:
 class Family(ABC):
     name: ClassVar[str]
     input_names: ClassVar[tuple[str, ...]]
+    shared_input_names: ClassVar[tuple[str, ...]]  # the module's forward_shared inputs
     output_name: ClassVar[str]
     # Axis names of each input that vary between calls (one exported graph serves them all).
     dynamic_axes: ClassVar[dict[str, dict[int, str]]]
@@ -94,6 +96,27 @@ class Family(ABC):
 
     @abstractmethod
     def answer(self, item: Any, output_row: np.ndarray) -> dict: ...
+
+    # -- profile shared_context ----------------------------------------------------------------------
+    @abstractmethod
+    def share_limit(self, item: Any) -> int:
+        """How many leading tokens of this rendered question may go to the shared prefix."""
+
+    @abstractmethod
+    def shared_rows(self, prefix_length: int, items: list[Any]) -> dict[str, np.ndarray]:
+        """Inputs of the module's forward_shared: `prefix_ids` [1, P] and the suffix rows."""
+
+    def share(self, plan: Plan, min_saved_tokens: int) -> Plan:
+        """Rewrites a plan into one shared pass when its questions share enough prefix to pay for it."""
+        from runtime.families.shared_context import common_prefix_length, worth_sharing
+
+        items = [item for batch in plan.batches for item in batch.items]
+        if len(items) < 2:
+            return plan
+        prefix_length = common_prefix_length(items, self.share_limit)
+        if worth_sharing(len(items), prefix_length, min_saved_tokens):
+            plan.batches = [Batch(inputs=self.shared_rows(prefix_length, items), items=items, shared=True)]
+        return plan
 
     @property
     @abstractmethod

@@ -108,7 +108,7 @@ class Server:
         if not slot.ready:
             raise NotReady(f"model {slot.name} is {slot.state}" + (f": {slot.reason}" if slot.reason else ""))
         model = slot.model
-        plan = model.plan(body["state"], body.get("questions"))
+        plan = model.plan(body["state"], body.get("questions"), profile=options["profile"])
         parsed = time.perf_counter()
         deadline = time.monotonic() + options["deadline_ms"] / 1000
         queue_s = forward_s = 0.0

@@ -55,6 +55,7 @@ class ServeConfig:
     default_deadline_ms: int = DEFAULT_DEADLINE_MS
     batch_window_ms: float = 2.0
     max_batch_tokens: int = 65_536
+    shared_min_tokens: int = 64
     cache_dir: str | None = None
     offline: bool = False
     log_level: str = "info"

@@ -19,6 +19,8 @@ QUEUE_SECONDS = Histogram(f"{PREFIX}_queue_duration_seconds", "Time in the model
 FORWARD_SECONDS = Histogram(f"{PREFIX}_forward_duration_seconds", "Device time per request", ["model", "profile"], buckets=LATENCY_BUCKETS)
 BATCH_ROWS = Histogram(f"{PREFIX}_batch_rows", "Rows per forward pass", ["model", "profile"], buckets=ROW_BUCKETS)
 BATCH_TOKENS = Histogram(f"{PREFIX}_batch_tokens", "Padded tokens per forward pass", ["model", "profile"], buckets=TOKEN_BUCKETS)
+SHARED_PASSES = Counter(f"{PREFIX}_shared_passes", "shared_context passes (one prefix, many question rows)", ["model"])
+SHARED_PREFIX_TOKENS = Counter(f"{PREFIX}_shared_prefix_tokens", "Prefix tokens run once instead of once per question", ["model"])
 QUEUE_DEPTH = Gauge(f"{PREFIX}_queue_depth", "Jobs waiting per model", ["model"], multiprocess_mode="livesum")
 READY = Gauge(f"{PREFIX}_ready", "1 when the model is ready in every live worker", ["model"], multiprocess_mode="livemin")
 MODEL_INFO = Gauge(

@@ -39,6 +39,7 @@ class ModelSlot:
                 cache_dir=self.config.cache_dir,
                 offline=self.config.offline or None,
                 base_path=self.spec.base_path,
+                shared_min_tokens=self.config.shared_min_tokens,
             )
             self.state = "warming"
             first, second = model.ask("warm-up", WARMUP_QUESTIONS), model.ask("warm-up", WARMUP_QUESTIONS)
@@ -57,10 +58,7 @@ class ModelSlot:
             max_queue=self.config.max_queue,
             batch_window_ms=self.config.batch_window_ms,
             max_batch_tokens=self.config.max_batch_tokens,
-            on_batch=lambda batch: (
-                metrics.BATCH_ROWS.labels(**labels).observe(batch.inputs["input_ids"].shape[0]),
-                metrics.BATCH_TOKENS.labels(**labels).observe(batch.inputs["input_ids"].size),
-            ),
+            on_batch=lambda batch: self.observe_batch(batch, labels),
             on_depth=lambda depth: metrics.QUEUE_DEPTH.labels(model=self.name).set(depth),
             on_drop=lambda job: metrics.DEADLINE_DROPPED.labels(**labels).inc(len(job.plan.questions)),
         )
@@ -73,6 +71,14 @@ class ModelSlot:
         metrics.READY.labels(model=self.name).set(1)
         self.state = "ready"
         log.info("model %s ready (%s, %s on %s)", self.name, card["family"], card["engine"], card["device"])
+
+    def observe_batch(self, batch, labels: dict) -> None:
+        metrics.BATCH_ROWS.labels(**labels).observe(batch.inputs["input_ids"].shape[0])
+        metrics.BATCH_TOKENS.labels(**labels).observe(batch.inputs["input_ids"].size)
+        if batch.shared:
+            prefix = batch.inputs["prefix_ids"].shape[1]
+            metrics.SHARED_PASSES.labels(model=self.name).inc()
+            metrics.SHARED_PREFIX_TOKENS.labels(model=self.name).inc(prefix * (len(batch.items) - 1))
 
     @property
     def ready(self) -> bool:

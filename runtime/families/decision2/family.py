@@ -16,6 +16,7 @@ from runtime.families.decision2 import package as pkg
 from runtime.families.decision2.prompt import ROW_MULTIPLE, RenderedQuestion, batch_rows, render_question
 from runtime.families.decision2.readout import CandidateHead, answer_from_logits
 from runtime.families.questions import Question
+from runtime.families.shared_context import continue_from_prefix, suffix_arrays
 from runtime.families.tokenization import load_plain_tokenizer, pad_token_id
 from runtime.numerics import Numerics
 from runtime.packages.files import read_json
@@ -34,9 +35,21 @@ class Decision2Module(torch.nn.Module):
         self.head = head
         self.autocast_dtype = autocast_dtype
 
+    def _autocast(self, device: torch.device):
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None)
+
     def forward(self, input_ids, attention_mask, position_ids, option_index, option_mask, query_index):
-        with torch.autocast(device_type=input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None):
+        with self._autocast(input_ids.device):
             hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        with torch.autocast(device_type=input_ids.device.type, enabled=False):
+            return self.head(hidden, option_index, option_mask, query_index)
+
+    def forward_shared(self, prefix_ids, input_ids, attention_mask, option_index, option_mask, query_index):
+        """Profile shared_context: suffix rows continue one prefix (causal, so the rows' hidden states are
+        the full rows' ones); option and query indices are relative to the suffix."""
+        embed = self.backbone.get_input_embeddings()
+        with self._autocast(input_ids.device):
+            hidden = continue_from_prefix(self.backbone, embed(prefix_ids), embed(input_ids), attention_mask, causal=True)
         with torch.autocast(device_type=input_ids.device.type, enabled=False):
             return self.head(hidden, option_index, option_mask, query_index)
 
@@ -44,6 +57,7 @@ class Decision2Module(torch.nn.Module):
 class Decision2Family(Family):
     name = "decision2"
     input_names = ("input_ids", "attention_mask", "position_ids", "option_index", "option_mask", "query_index")
+    shared_input_names = ("prefix_ids", "input_ids", "attention_mask", "option_index", "option_mask", "query_index")
     output_name = "logits"
     dynamic_axes = {
         "input_ids": {0: "batch", 1: "sequence"},
@@ -153,6 +167,23 @@ class Decision2Family(Family):
 
     def padded_width(self, group: list[RenderedQuestion]) -> int:
         return -(-max(len(r.token_ids) for r in group) // ROW_MULTIPLE) * ROW_MULTIPLE
+
+    def share_limit(self, item: RenderedQuestion) -> int:
+        return item.option_ends[0]  # every option endpoint (and the query) stays in the suffix
+
+    def shared_rows(self, prefix_length: int, items: list[RenderedQuestion]) -> dict[str, np.ndarray]:
+        input_ids, attention_mask, query_index = suffix_arrays(items, prefix_length, self.pad_id)
+        widest = max(len(item.option_ends) for item in items)
+        option_index = np.zeros((len(items), widest), dtype=np.int64)
+        option_mask = np.zeros((len(items), widest), dtype=bool)
+        for row, item in enumerate(items):
+            option_index[row, : len(item.option_ends)] = [end - prefix_length for end in item.option_ends]
+            option_mask[row, : len(item.option_ends)] = True
+        prefix_ids = np.asarray(items[0].token_ids[:prefix_length], dtype=np.int64)[None]
+        return {
+            "prefix_ids": prefix_ids, "input_ids": input_ids, "attention_mask": attention_mask,
+            "option_index": option_index, "option_mask": option_mask, "query_index": query_index,
+        }  # fmt: skip
 
     def answer(self, item: RenderedQuestion, output_row: np.ndarray) -> dict:
         return answer_from_logits(

@@ -14,9 +14,10 @@ from runtime.errors import PackageError
 from runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
 from runtime.families.base import Batch, Family
 from runtime.families.decision3 import package as pkg
-from runtime.families.decision3.prompt import BATCH_SIZE, RenderedQuestion, batch_rows, derive_codes, render_question
+from runtime.families.decision3.prompt import BATCH_SIZE, NUM_CODES, RenderedQuestion, batch_rows, derive_codes, render_question
 from runtime.families.decision3.readout import CodeReadout, answer_from_probabilities
 from runtime.families.questions import Question
+from runtime.families.shared_context import continue_from_prefix, suffix_arrays
 from runtime.families.tokenization import load_qwen2_tokenizer, pad_token_id
 from runtime.numerics import Numerics
 from runtime.packages.files import sha256_file
@@ -67,10 +68,19 @@ class Decision3Module(torch.nn.Module):
         hidden = self.hidden_states(input_ids, attention_mask, position_ids)
         return self.readout(hidden[:, -1], option_mask)
 
+    def forward_shared(self, prefix_ids, input_ids, attention_mask, query_index, option_mask):
+        """Profile shared_context: the state prefix is encoded once (bidirectionally among its own tokens when
+        non-causal) and every question's suffix attends to it; readout at each row's last real token."""
+        embed = self.text_model.embed_tokens
+        hidden = continue_from_prefix(self.text_model, embed(prefix_ids), embed(input_ids), attention_mask, causal=not self.noncausal)
+        last = hidden[torch.arange(hidden.shape[0], device=hidden.device), query_index]
+        return self.readout(last, option_mask)
+
 
 class Decision3Family(Family):
     name = "decision3"
     input_names = ("input_ids", "attention_mask", "position_ids", "option_mask")
+    shared_input_names = ("prefix_ids", "input_ids", "attention_mask", "query_index", "option_mask")
     output_name = "probabilities"
     dynamic_axes = {
         "input_ids": {0: "batch", 1: "sequence"},
@@ -157,6 +167,17 @@ class Decision3Family(Family):
 
     def rows(self, group: list[RenderedQuestion]) -> dict[str, np.ndarray]:
         return batch_rows(group, self.pad_id)
+
+    def share_limit(self, item: RenderedQuestion) -> int:
+        return len(item.token_ids) - 1  # the readout token stays in the suffix
+
+    def shared_rows(self, prefix_length: int, items: list[RenderedQuestion]) -> dict[str, np.ndarray]:
+        input_ids, attention_mask, query_index = suffix_arrays(items, prefix_length, self.pad_id)
+        option_mask = np.zeros((len(items), NUM_CODES), dtype=bool)
+        for row, item in enumerate(items):
+            option_mask[row, : len(item.question.options)] = True
+        prefix_ids = np.asarray(items[0].token_ids[:prefix_length], dtype=np.int64)[None]
+        return {"prefix_ids": prefix_ids, "input_ids": input_ids, "attention_mask": attention_mask, "query_index": query_index, "option_mask": option_mask}
 
     def answer(self, item: RenderedQuestion, output_row: np.ndarray) -> dict:
         return answer_from_probabilities(item.question, output_row.astype(np.float64).tolist())

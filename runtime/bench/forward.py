@@ -14,7 +14,11 @@ FILLER = "The user asks about merging sorted lists, running time, and tests for 
 
 def request_of_length(model: Any, length: int, questions: int) -> tuple[Any, dict, int]:
     """A state padded so each question's prompt is about `length` tokens; returns (state, questions, tokens)."""
-    qs = {f"q{i}": {"type": "choice", "instructions": "Which domain fits?", "criteria": {"code": "Programming", "math": "Math", "other": None}} for i in range(questions)}
+    # Distinct questions, as a real multi-question request has (identical ones would flatter shared_context).
+    qs = {
+        f"q{i}": {"type": "choice", "instructions": f"Which domain fits? Judge aspect {i} of the request.", "criteria": {"code": "Programming", "math": "Math", "other": None}}
+        for i in range(questions)
+    }
     words = FILLER.split()
     low, high = 0, length * 2
 

@@ -9,7 +9,6 @@ why the profile is approximate and judged by `parity`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,14 +18,6 @@ from transformers import DynamicCache
 # (questions - 1) x prefix tokens saved below which a request runs the plain rows: the second pass, the
 # cache copy per row and the concatenated attention cost about this much (measured on d3-lite-class, CPU).
 DEFAULT_MIN_SAVED_TOKENS = 64
-
-
-@dataclass
-class SharedRows:
-    """One request's shared pass: the prefix ids and the suffix rows of its questions."""
-
-    prefix_length: int
-    items: list[Any]
 
 
 def common_prefix_length(items: list[Any], limit_of) -> int:

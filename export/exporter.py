@@ -27,6 +27,7 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, 
 SUPPORTED_DTYPES = ("fp32", "int8")  # int8: dynamic (activation) x signed int8 weight MatMuls on the CPU EP
 DEFAULT_OPSET = 23
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
+SHARED_MODEL_FILE, SHARED_DATA_FILE = "model_shared.onnx", "model_shared.onnx.data"  # its own weights only
 RUNTIME_FILES = (
     "MODEL_MANIFEST.json", "decision_config.json", "tokenizer.json", "tokenizer_config.json",
     "chat_template.jinja", "special_tokens_map.json", "score_bias.json", "calibration.json",
@@ -40,6 +41,7 @@ SMOKE_QUESTIONS = {
     "wide": {"type": "choice", "instructions": "Pick a label.", "criteria": {f"label{i}": f"description {i}" for i in range(40)}},
 }
 PHASES = ("load", "trace", "lower", "write", "check", "session", "parity", "finalize")
+SHARED_PHASES = ("shared trace", "shared write", "shared parity")
 IO_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
 
 
@@ -54,13 +56,19 @@ def export_package(
     cache_dir: str | Path | None = None,
     offline: bool | None = None,
     progress: bool = True,
+    shared_context: bool = False,
 ) -> dict:
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
     family = detect_family(ref.path).open(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
-    return export_family(family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress)
+    return export_family(family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context)
 
 
-def export_family(family: Family, out: Path, *, variant: str, dtype: str, opset: int = DEFAULT_OPSET, progress: bool = True) -> dict:
+def export_family(
+    family: Family, out: Path, *, variant: str, dtype: str, opset: int = DEFAULT_OPSET, progress: bool = True, shared_context: bool = False
+) -> dict:
+    """Trace, lower, write, check and smoke-test one artifact. `shared_context` adds a second graph,
+    the module's forward_shared (prefix once, question rows continue from its state), for that profile
+    on ONNX Runtime; it reads the main graph's weights file."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}")
     if dtype not in DTYPES:
@@ -69,7 +77,9 @@ def export_family(family: Family, out: Path, *, variant: str, dtype: str, opset:
         # Refused before a long trace: the traced Gated DeltaNet gate math mixes reduced-precision and FP32
         # tensors (Mul type mismatch in ORT), so these graphs do not load yet.
         raise ArtifactError(f"--dtype {dtype} export is not supported yet (supported: {', '.join(SUPPORTED_DTYPES)})")
-    bar = tqdm(total=len(PHASES), desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
+    if shared_context and variant == "portable":
+        raise ArtifactError("--shared-context needs the contrib variant (the portable GDN lowering has no past-state input yet)")
+    bar = tqdm(total=len(PHASES) + (len(SHARED_PHASES) if shared_context else 0), desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
 
     def phase(name: str) -> None:
         bar.set_postfix_str(name)
@@ -92,10 +102,8 @@ def export_family(family: Family, out: Path, *, variant: str, dtype: str, opset:
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            if dtype == "int8":
-                _write_int8(model, temp)
-            else:
-                onnx.save_model(model, str(temp / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
+            _write_graph(model, temp, dtype, MODEL_FILE, DATA_FILE)
+            del model
             for rel in RUNTIME_FILES:
                 if (family.package.root / rel).is_file():
                     shutil.copyfile(family.package.root / rel, temp / rel)
@@ -113,12 +121,13 @@ def export_family(family: Family, out: Path, *, variant: str, dtype: str, opset:
             bar.update()
             phase("parity")
             smoke = smoke_parity(family, module, engine)
-            tolerance = SMOKE_TOLERANCE.get(dtype)
-            if tolerance is not None and (smoke["max_abs_diff"] > tolerance or smoke["decisions_changed"]):
-                raise ArtifactError(f"smoke parity failed: max |dp| {smoke['max_abs_diff']:.3g} (limit {tolerance}), {smoke['decisions_changed']} decision(s) changed")
+            _check_smoke(smoke, dtype)
             bar.update()
+            shared = None
+            if shared_context:
+                shared = _export_shared(family, module, engine, temp, dtype, opset, phase, bar)
             phase("finalize")
-            manifest = _manifest(family, model, variant, dtype, opset, counts, smoke)
+            manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, smoke, shared)
             write_manifest(temp, manifest)
             bar.update()
     finally:
@@ -126,19 +135,73 @@ def export_family(family: Family, out: Path, *, variant: str, dtype: str, opset:
     return json.loads((out / "artifact.json").read_text())
 
 
-def _write_int8(model: onnx.ModelProto, temp: Path) -> None:
+def _check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
+    tolerance = SMOKE_TOLERANCE.get(dtype)
+    if tolerance is not None and (smoke["max_abs_diff"] > tolerance or smoke["decisions_changed"]):
+        raise ArtifactError(f"{what} failed: max |dp| {smoke['max_abs_diff']:.3g} (limit {tolerance}), {smoke['decisions_changed']} decision(s) changed")
+
+
+def _write_graph(model: onnx.ModelProto, temp: Path, dtype: str, file: str, data_file: str, base: Path | None = None) -> dict | None:
+    """Save one graph of the artifact (quantized first for int8); with `base`, weights equal to base's are
+    read from base's data file instead of being written again (returns the counts)."""
+    if dtype == "int8":
+        model = _quantized(model, temp)
+    if base is None:
+        onnx.save_model(model, str(temp / file), save_as_external_data=True, all_tensors_to_one_file=True, location=data_file, size_threshold=1024)
+        return None
+    from export.weight_sharing import save_sharing_weights
+
+    return save_sharing_weights(model, temp / file, data_file, base)
+
+
+def _quantized(model: onnx.ModelProto, temp: Path) -> onnx.ModelProto:
     """ORT's dynamic quantization: MatMuls with constant weights become signed-int8 MatMulInteger (the kernel
     that pays on AVX-512 VNNI CPUs, export-notes); everything else, the readout included, stays FP32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    staging = temp / "fp32-staging"
+    staging = temp / "int8-staging"
     staging.mkdir()
-    onnx.save_model(model, str(staging / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
-    quantize_dynamic(
-        str(staging / MODEL_FILE), str(temp / MODEL_FILE), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-        per_channel=False, use_external_data_format=True, extra_options={"MatMulConstBOnly": True},
-    )  # fmt: skip
-    shutil.rmtree(staging)
+    try:
+        onnx.save_model(model, str(staging / "fp32.onnx"), save_as_external_data=True, all_tensors_to_one_file=True, location="fp32.onnx.data", size_threshold=1024)
+        quantize_dynamic(
+            str(staging / "fp32.onnx"), str(staging / "int8.onnx"), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+            per_channel=False, use_external_data_format=True, extra_options={"MatMulConstBOnly": True},
+        )  # fmt: skip
+        return onnx.load(str(staging / "int8.onnx"), load_external_data=True)
+    finally:
+        shutil.rmtree(staging)
+
+
+def _export_shared(family: Family, module: torch.nn.Module, engine: Any, temp: Path, dtype: str, opset: int, phase, bar) -> dict:
+    """The shared_context graph: traced from forward_shared, written against the main graph's weights,
+    smoke-tested against the eager module's forward_shared."""
+    from runtime.engines.onnxruntime import OrtEngine
+
+    phase("shared trace")
+    plan = family.share(family.plan(SMOKE_STATE, SMOKE_QUESTIONS), 0)
+    if not plan.batches[0].shared:
+        raise ArtifactError("the smoke questions share no prefix; cannot trace the shared_context graph")
+    model = _trace(family, module, plan.batches[0].inputs, opset, shared=True)
+    trim_contrib_outputs(model)
+    bar.update()
+    phase("shared write")
+    weights = _write_graph(model, temp, dtype, SHARED_MODEL_FILE, SHARED_DATA_FILE, base=temp / MODEL_FILE)
+    onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
+    io = {"inputs": _io_schema(model.graph.input), "outputs": _io_schema(model.graph.output)}
+    del model
+    bar.update()
+    phase("shared parity")
+    engine.attach_shared(temp / SHARED_MODEL_FILE)
+    smoke = smoke_parity(family, module, engine, profile="shared_context")
+    _check_smoke(smoke, dtype, "shared_context smoke parity")
+    bar.update()
+    return {
+        "model_file": SHARED_MODEL_FILE,
+        "io": io,
+        "dynamic_axes": {name: {str(k): v for k, v in axes.items()} for name, axes in family.shared_dynamic_axes.items()},
+        "weights_from_main": weights["shared"],
+        "smoke_parity": smoke,
+    }
 
 
 def _build_module(family: Family, dtype: str) -> torch.nn.Module:
@@ -174,45 +237,64 @@ def _translation_table(module: torch.nn.Module) -> dict:
         torch.ops.vsr.gated_delta_rule.default: translations.make_gated_delta_rule(
             config.linear_num_value_heads, config.linear_num_key_heads, config.linear_key_head_dim
         ),
+        torch.ops.vsr.gated_delta_rule_state.default: translations.make_gated_delta_rule_state(
+            config.linear_num_value_heads, config.linear_num_key_heads, config.linear_key_head_dim
+        ),
     }
 
 
-def _trace(family: Family, module: torch.nn.Module, sample: dict[str, np.ndarray], opset: int) -> onnx.ModelProto:
-    kwargs = {name: torch.from_numpy(sample[name]) for name in family.input_names}
+def _trace(family: Family, module: torch.nn.Module, sample: dict[str, np.ndarray], opset: int, shared: bool = False) -> onnx.ModelProto:
+    """torch.onnx (dynamo) trace of the module's forward, or of its forward_shared with `shared`; both
+    traces name parameters alike, which lets the second graph reuse the first one's weights file."""
+    input_names = family.shared_input_names if shared else family.input_names
+    dynamic_axes = family.shared_dynamic_axes if shared else family.dynamic_axes
+    kwargs = {name: torch.from_numpy(sample[name]) for name in input_names}
     dims: dict[str, torch.export.Dim] = {}
     dynamic_shapes = {}
-    for name in family.input_names:
+    for name in input_names:
         axes = {}
-        for axis, label in family.dynamic_axes.get(name, {}).items():
+        for axis, label in dynamic_axes.get(name, {}).items():
             dims.setdefault(label, torch.export.Dim(label, min=1, max=1 << 20))
             axes[axis] = dims[label]
         dynamic_shapes[name] = axes
-    with patched_gdn(module), torch.inference_mode(False), torch.no_grad():
-        program = torch.onnx.export(
-            module,
-            (),
-            kwargs=kwargs,
-            dynamic_shapes=dynamic_shapes,
-            dynamo=True,
-            opset_version=opset,
-            custom_translation_table=_translation_table(module),
-            input_names=list(family.input_names),
-            output_names=[family.output_name],
-            optimize=True,
-            verbose=False,
-        )
+    if shared:
+        module.forward = module.forward_shared  # the instance attribute wins in nn.Module.__call__
+    try:
+        with patched_gdn(module), torch.inference_mode(False), torch.no_grad():
+            program = _export_call(module, kwargs, dynamic_shapes, opset, input_names, family.output_name)
+    finally:
+        if shared:
+            del module.forward
     return program.model_proto
 
 
-def smoke_parity(family: Family, module: torch.nn.Module, engine: Any) -> dict:
-    """Eager module vs the graph on the smoke questions at two batch shapes: max |dp| and decisions changed."""
+def _export_call(module, kwargs, dynamic_shapes, opset, input_names, output_name):
+    return torch.onnx.export(
+        module,
+        (),
+        kwargs=kwargs,
+        dynamic_shapes=dynamic_shapes,
+        dynamo=True,
+        opset_version=opset,
+        custom_translation_table=_translation_table(module),
+        input_names=list(input_names),
+        output_names=[output_name],
+        optimize=True,
+        verbose=False,
+    )
+
+
+def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact") -> dict:
+    """Eager module vs the graph on the smoke questions at two batch shapes: max |dp| and decisions changed.
+    Under shared_context both sides share every multi-question request's prefix."""
     from runtime.engines.torch import TorchEngine
     from runtime.model import DecisionModel
     from runtime.devices import parse_device
 
     cpu = parse_device("cpu")
-    eager = DecisionModel(family, TorchEngine(module, cpu.torch_device, family.input_names), "exact", cpu, "")
-    graph = DecisionModel(family, engine, "max_speed", cpu, "")
+    eager_engine = TorchEngine(module, cpu.torch_device, family.input_names, family.shared_input_names)
+    eager = DecisionModel(family, eager_engine, profile, cpu, "", shared_min_tokens=0)
+    graph = DecisionModel(family, engine, profile, cpu, "", shared_min_tokens=0)
     worst, changed, count = 0.0, 0, 0
     for questions in (SMOKE_QUESTIONS, {"reasoning": SMOKE_QUESTIONS["reasoning"]}):
         for state in (SMOKE_STATE, {"user": "hi", "history": [1, 2, 3]}):
@@ -247,8 +329,9 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _manifest(family: Family, model: onnx.ModelProto, variant: str, dtype: str, opset: int, counts: dict, smoke: dict) -> dict:
+def _manifest(family: Family, model_path: Path, variant: str, dtype: str, opset: int, counts: dict, smoke: dict, shared: dict | None) -> dict:
     package = family.package
+    model = onnx.load(str(model_path), load_external_data=False)
     return {
         "schema": ARTIFACT_SCHEMA,
         "source": {
@@ -269,4 +352,5 @@ def _manifest(family: Family, model: onnx.ModelProto, variant: str, dtype: str, 
         "model_file": MODEL_FILE,
         "tools": {name: _version(name) for name in ("vllm-sr-runtime", "torch", "transformers", "onnx", "onnxscript", "onnxruntime")},
         "smoke_parity": smoke,
+        "shared_context": shared,  # the forward_shared graph, when exported with --shared-context
     }

@@ -43,29 +43,46 @@ def _repeat_heads(x, repeats: int):
     return op.Reshape(tiled, op.Constant(value_ints=[0, 0, -1, 0]))
 
 
+def _linear_attention(query, key, value, g, beta, past_state, value_heads: int, repeats: int, scale: float):
+    """LinearAttention (update_rule gated_delta) on [B, T, H*D] packed heads, L2 norm in standard ops:
+    (output [B, T, Hv, dv] like `value`, present state [B, Hv, dk, dv])."""
+    q = _repeat_heads(_l2norm(op.Cast(query, to=1)), repeats)
+    k = _repeat_heads(_l2norm(op.Cast(key, to=1)), repeats)
+    packed = op.Constant(value_ints=[0, 0, -1])
+    outputs = MSFT.LinearAttention(
+        op.Reshape(q, packed),
+        op.Reshape(k, packed),
+        op.Reshape(op.Cast(value, to=1), packed),
+        past_state,
+        op.Cast(g, to=1),
+        op.Cast(beta, to=1),
+        q_num_heads=value_heads,
+        kv_num_heads=value_heads,
+        update_rule="gated_delta",
+        scale=scale,
+        _outputs=2,
+    )
+    restored = op.Reshape(outputs[0], op.Constant(value_ints=[0, 0, value_heads, -1]))
+    return op.CastLike(restored, value), outputs[1]
+
+
 def make_gated_delta_rule(value_heads: int, key_heads: int, key_dim: int):
-    """LinearAttention (update_rule gated_delta) on [B, T, H*D] packed heads, L2 norm in standard ops."""
-    repeats = value_heads // key_heads
-    scale = key_dim**-0.5
+    """The prefill recurrence from a zero state."""
+    repeats, scale = value_heads // key_heads, key_dim**-0.5
 
     def gated_delta_rule(query, key, value, g, beta):
-        q = _repeat_heads(_l2norm(op.Cast(query, to=1)), repeats)
-        k = _repeat_heads(_l2norm(op.Cast(key, to=1)), repeats)
-        packed = op.Constant(value_ints=[0, 0, -1])
-        outputs = MSFT.LinearAttention(
-            op.Reshape(q, packed),
-            op.Reshape(k, packed),
-            op.Reshape(op.Cast(value, to=1), packed),
-            None,
-            op.Cast(g, to=1),
-            op.Cast(beta, to=1),
-            q_num_heads=value_heads,
-            kv_num_heads=value_heads,
-            update_rule="gated_delta",
-            scale=scale,
-            _outputs=2,
-        )
-        restored = op.Reshape(outputs[0], op.Constant(value_ints=[0, 0, value_heads, -1]))
-        return op.CastLike(restored, value)
+        output, _ = _linear_attention(query, key, value, g, beta, None, value_heads, repeats, scale)
+        return output
 
     return gated_delta_rule
+
+
+def make_gated_delta_rule_state(value_heads: int, key_heads: int, key_dim: int):
+    """The recurrence from an optional past state (shared_context's suffix rows), returning its final state."""
+    repeats, scale = value_heads // key_heads, key_dim**-0.5
+
+    def gated_delta_rule_state(query, key, value, g, beta, initial_state=None):
+        past = None if initial_state is None else op.Cast(initial_state, to=1)
+        return _linear_attention(query, key, value, g, beta, past, value_heads, repeats, scale)
+
+    return gated_delta_rule_state

@@ -32,8 +32,11 @@ def _batching(family: Family, device: Device, *, artifact=None, **options: objec
     return _exact(family, device)
 
 
-def _shared_context(family: Family, device: Device, **_: object):
-    """Sharing a request's prefix is a way of running the exact engine (its module's forward_shared)."""
+def _shared_context(family: Family, device: Device, *, artifact=None, **options: object):
+    """Sharing a request's prefix is a way of running an engine: the exact one (its module's forward_shared),
+    or an artifact's, when one is given (its shared_context graph)."""
+    if artifact is not None:
+        return _max_speed(family, device, artifact=artifact, shared_context=True, **options)
     return _exact(family, device)
 
 

@@ -22,6 +22,7 @@ from runtime.errors import ArtifactError
 
 CASES = [("d2_qwen3", "contrib"), ("d2_qwen3_5", "contrib"), ("d2_lora", "contrib"), ("d3", "contrib"), ("d2_qwen3_5", "portable"), ("d3", "portable")]
 GDN = {"d2_qwen3_5", "d2_lora", "d3"}
+WITH_SHARED = {("d2_qwen3_5", "contrib"), ("d3", "contrib")}  # also export the shared_context graph
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,8 @@ def artifacts(packages, tmp_path_factory):
     made = {}
     for name, variant in CASES:
         out = root / f"{name}-{variant}"
-        export_package(packages[name], out, variant=variant, progress=False, **load_kwargs(name, packages[name]))
+        shared = (name, variant) in WITH_SHARED
+        export_package(packages[name], out, variant=variant, progress=False, shared_context=shared, **load_kwargs(name, packages[name]))
         made[(name, variant)] = out
     return made
 
@@ -138,7 +140,7 @@ def test_max_speed_answers_like_exact(artifacts, models, name):
 
 def test_same_package_exports_to_the_same_hashes(artifacts, packages, tmp_path):
     again = tmp_path / "again"
-    export_package(packages["d3"], again, progress=False)
+    export_package(packages["d3"], again, progress=False, shared_context=True)
     first = json.loads((artifacts[("d3", "contrib")] / "artifact.json").read_text())
     second = json.loads((again / "artifact.json").read_text())
     assert first["files"] == second["files"]
@@ -211,13 +213,50 @@ def test_reduced_precision_export_is_refused_up_front(packages, tmp_path):
     assert not (tmp_path / "fp16").exists()
 
 
+@pytest.mark.parametrize("name", ["d2_qwen3_5", "d3"])
+def test_shared_context_graph_answers_like_eager_shared(artifacts, models, name):
+    from test_shared_context import STATE, questions
+
+    artifact = artifacts[(name, "contrib")]
+    manifest = read_artifact(artifact)
+    shared = manifest["shared_context"]
+    assert shared["model_file"] == "model_shared.onnx" and shared["weights_from_main"] > 10
+    assert {i["name"] for i in shared["io"]["inputs"]} >= {"prefix_ids", "input_ids", "attention_mask"}
+    graph = onnx.load(str(artifact / shared["model_file"]), load_external_data=False)
+    locations = {e.value for t in graph.graph.initializer for e in t.external_data if e.key == "location"}
+    assert "model.onnx.data" in locations  # one copy of the weights on disk
+    assert ("com.microsoft", "LinearAttention") in all_ops(graph)
+    path = models(name).family.ref.path
+    eager = runtime.load(path, profile="shared_context", shared_min_tokens=1, **load_kwargs(name, path))
+    fast = runtime.load(path, profile="shared_context", artifact=artifact, shared_min_tokens=1, **load_kwargs(name, path))
+    assert fast.card()["engine"] == "onnxruntime" and fast.card()["profile"] == "shared_context"
+    qs = questions()
+    assert fast.plan(STATE, qs).batches[0].shared
+    left, right = eager.ask(STATE, qs), fast.ask(STATE, qs)
+    assert fast.shared_questions == len(qs)
+    for key, answer in left.items():
+        a, b = _flat(answer), _flat(right[key])
+        assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) <= 1e-4
+    exact = models(name).ask(STATE, qs)  # and the causal rows are the full rows (tiny d3: last layer full)
+    assert max(abs(_flat(exact[k])[o] - _flat(right[k])[o]) for k in qs for o in _flat(exact[k])) <= 1e-4
+
+
+def test_shared_context_needs_the_shared_graph(artifacts, packages):
+    with pytest.raises(ArtifactError, match="--shared-context"):
+        runtime.load(packages["d3"], profile="shared_context", artifact=artifacts[("d3", "portable")])
+
+
+def _flat(answer: dict) -> dict[str, float]:
+    return {"noul": answer["noul"]} if answer["type"] == "noul" else dict(answer["probabilities"])
+
+
 def test_int8_export_quantizes_the_matmuls(packages, models, tmp_path):
     out = tmp_path / "int8"
     manifest = export_package(packages["d3"], out, dtype="int8", progress=False)
     assert manifest["dtype"] == "int8"
     assert manifest["op_counts"].get("ai.onnx::MatMulInteger", 0) > 0
     assert manifest["op_counts"].get("com.microsoft::LinearAttention", 0) > 0
-    assert not (out / "fp32-staging").exists()
+    assert not (out / "int8-staging").exists()
     fast = runtime.load(packages["d3"], profile="max_speed", artifact=out)
     assert fast.dtype == "int8"
     answer = fast.ask("Merge two sorted lists.", {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}})["q"]

@@ -80,7 +80,7 @@ def profile_graphs(models: dict, length: int) -> dict:
     profiles = {}
     for label, model in models.items():
         path = getattr(model.engine, "model_path", None)
-        if path is None:
+        if path is None or label.startswith("shared_context"):  # its main graph is max_speed's
             continue
         state, questions, tokens = request_of_length(model, length, 1)
         rows = profile_by_op(path, model.plan(state, questions).batches[0].inputs)
@@ -104,13 +104,16 @@ def run(args: argparse.Namespace) -> int:
         artifacts = args.artifact or [None]
         models = {}
         for profile in profiles:
-            for artifact in artifacts if profile == "max_speed" else [None]:
+            for artifact in _artifacts_for(profile, artifacts):
                 model = runtime.load(
                     args.model, device=args.device, profile=profile, artifact=artifact, cache_dir=args.cache_dir, base_path=args.base_path
                 )
-                label = profile if profile != "max_speed" or len(artifacts) == 1 else f"max_speed-{model.dtype}"
+                if profile == "shared_context" and artifact is not None:
+                    label = f"shared_context-onnx-{model.dtype}"  # the artifact's shared_context graph
+                else:
+                    label = profile if profile != "max_speed" or len(artifacts) == 1 else f"max_speed-{model.dtype}"
                 if label in models:
-                    raise ValueError(f"two max_speed artifacts with dtype {model.dtype}: give one per dtype")
+                    raise ValueError(f"two {profile} artifacts with dtype {model.dtype}: give one per dtype")
                 models[label] = model
         limit = gemm_limit()
         result["gemm_limit_gflops"] = limit
@@ -142,6 +145,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _artifacts_for(profile: str, artifacts: list) -> list:
+    """max_speed runs every given artifact; shared_context runs eagerly and on each artifact that has its graph."""
+    if profile == "max_speed":
+        return artifacts
+    if profile == "shared_context":
+        from export.artifact import ARTIFACT_FILE
+
+        with_graph = [a for a in artifacts if a and (json.loads((Path(a) / ARTIFACT_FILE).read_text()).get("shared_context"))]
+        return [None, *with_graph]
+    return [None]
+
+
 def register(sub) -> None:
     parser = sub.add_parser("bench", help="measure latency/throughput per profile (forward) or against a server (http)")
     parser.add_argument("model", nargs="?", help="package (forward mode)")
@@ -154,7 +169,7 @@ def register(sub) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per profile and shape after a warm-up (forward)")
     parser.add_argument("--url", help="server URL, e.g. http://127.0.0.1:8100 (http)")
     parser.add_argument("--uds", help="server Unix socket (http)")
-    parser.add_argument("--artifact", action="append", help="max_speed artifact; repeat to compare several (rows max_speed-<dtype>)")
+    parser.add_argument("--artifact", action="append", help="max_speed artifact; repeat to compare several (rows max_speed-<dtype>); one exported with --shared-context also adds a shared_context-onnx-<dtype> row")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir")
     parser.add_argument("--base-path")

@@ -1,4 +1,4 @@
-"""`vllm-sr-runtime export PACKAGE --out DIR [--variant contrib|portable] [--dtype fp32|fp16|bf16] [--opset N]`."""
+"""`vllm-sr-runtime export PACKAGE --out DIR [--variant contrib|portable] [--dtype fp32|int8] [--opset N] [--shared-context]`."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         offline=args.offline or None,
         progress=not args.quiet,
+        shared_context=args.shared_context,
     )
     smoke = manifest["smoke_parity"]
     ops = sum(manifest["op_counts"].values())
@@ -26,6 +27,12 @@ def run(args: argparse.Namespace) -> int:
         f"domains {','.join(manifest['op_domains'])}); smoke parity max |dp| {smoke['max_abs_diff']:.2e}, "
         f"{smoke['decisions_changed']}/{smoke['questions']} decisions changed"
     )
+    shared = manifest.get("shared_context")
+    if shared:
+        print(
+            f"shared_context graph: {shared['model_file']} ({shared['weights_from_main']} weights read from the main graph's file); "
+            f"smoke parity max |dp| {shared['smoke_parity']['max_abs_diff']:.2e}"
+        )
     return 0
 
 
@@ -38,6 +45,10 @@ def register(sub) -> None:
     parser.add_argument("--variant", default="contrib", choices=VARIANTS, help="contrib: com.microsoft fused GDN ops; portable: standard ops only")
     parser.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    parser.add_argument(
+        "--shared-context", action="store_true",
+        help="also export the shared_context graph (a request's common prefix once, its questions continue from it)",
+    )  # fmt: skip
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")
     parser.add_argument("--base-path")

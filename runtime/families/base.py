@@ -47,6 +47,14 @@ class Family(ABC):
         self.ref = ref
         self.package = package
 
+    @property
+    def shared_dynamic_axes(self) -> dict[str, dict[int, str]]:
+        """Dynamic axes of forward_shared's inputs: the suffix rows vary like full rows, the prefix by length."""
+        axes = {name: self.dynamic_axes[name] for name in self.shared_input_names if name in self.dynamic_axes}
+        axes["prefix_ids"] = {1: "prefix"}
+        axes.setdefault("query_index", {0: "batch"})
+        return axes
+
     @classmethod
     @abstractmethod
     def detect(cls, root: Path) -> bool: ...

@@ -66,7 +66,8 @@ def _full_attention_mask(query_valid: torch.Tensor, prefix_length: int, causal: 
 def _masks(text_model: torch.nn.Module, valid: torch.Tensor, prefix_length: int, causal: bool) -> dict:
     masks = {"full_attention": _full_attention_mask(valid, prefix_length, causal)}
     if "linear_attention" in (getattr(text_model.config, "layer_types", None) or []):
-        masks["linear_attention"] = None if bool(valid.all()) else valid  # pads are zeroed before each GDN layer
+        # Pads are zeroed before each GDN layer; a graph always takes the mask (its shapes are symbolic).
+        masks["linear_attention"] = valid if torch.compiler.is_exporting() or not bool(valid.all()) else None
     return masks
 
 

@@ -53,25 +53,42 @@ def session_options(device_kind: str):
 class OrtEngine:
     name = "onnxruntime"
 
-    def __init__(self, session, output_name: str, provider: str):
+    def __init__(self, session, output_name: str, provider: str, device_kind: str = "cpu", device_index: int | None = None):
         self.session = session
         self.output_name = output_name
         self.provider = provider
+        self.device_kind, self.device_index = device_kind, device_index
         self.input_names = [i.name for i in session.get_inputs()]
+        self.shared_session = None  # the shared_context graph, when attached
 
     @classmethod
     def from_file(cls, model_path: Path, *, device_kind: str = "cpu", device_index: int | None = None, output_name: str) -> "OrtEngine":
-        import onnxruntime as ort
+        session = open_session(model_path, device_kind, device_index)
+        return cls(session, output_name, session.get_providers()[0], device_kind, device_index)
 
-        provider, provider_options = provider_for(device_kind, device_index, ort.get_available_providers())
-        try:
-            session = ort.InferenceSession(
-                str(model_path), sess_options=session_options(device_kind), providers=[(provider, provider_options)]
-            )
-        except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
-            raise ArtifactError(f"ONNX Runtime cannot open {model_path} on {provider}: {exc}") from None
-        return cls(session, output_name, provider)
+    def attach_shared(self, model_path: Path) -> None:
+        """Open the artifact's shared_context graph next to the main one (same provider and options)."""
+        self.shared_session = open_session(model_path, self.device_kind, self.device_index)
 
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        feed = {name: np.ascontiguousarray(inputs[name]) for name in self.input_names}
-        return self.session.run([self.output_name], feed)[0].astype(np.float32, copy=False)
+        return _run(self.session, self.output_name, inputs)
+
+    def forward_shared(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        if self.shared_session is None:
+            raise ArtifactError("this artifact has no shared_context graph; re-export it with --shared-context")
+        return _run(self.shared_session, self.output_name, inputs)
+
+
+def open_session(model_path: Path, device_kind: str, device_index: int | None):
+    import onnxruntime as ort
+
+    provider, provider_options = provider_for(device_kind, device_index, ort.get_available_providers())
+    try:
+        return ort.InferenceSession(str(model_path), sess_options=session_options(device_kind), providers=[(provider, provider_options)])
+    except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
+        raise ArtifactError(f"ONNX Runtime cannot open {model_path} on {provider}: {exc}") from None
+
+
+def _run(session, output_name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    feed = {value.name: np.ascontiguousarray(inputs[value.name]) for value in session.get_inputs()}
+    return session.run([output_name], feed)[0].astype(np.float32, copy=False)

@@ -36,7 +36,8 @@ def ensure_cached_artifact(family: Family, variant: str, cache_dir=None) -> Path
     return target
 
 
-def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir=None, **_: object):
+def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir=None, shared_context: bool = False, **_: object):
+    """The artifact's engine; with `shared_context` also its forward_shared graph (profile shared_context)."""
     from export.artifact import read_artifact
 
     variant = default_variant(device)
@@ -54,6 +55,11 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
     if needed and manifest["variant"] != needed:
         raise ArtifactError(f"device {device.name} needs the {needed} variant, artifact {artifact} is {manifest['variant']}")
     engine = OrtEngine.from_file(artifact / manifest["model_file"], device_kind=device.kind, device_index=device.index, output_name=family.output_name)
+    if shared_context:
+        shared = manifest.get("shared_context")
+        if not shared:
+            raise ArtifactError(f"artifact {artifact} has no shared_context graph; export it with --shared-context")
+        engine.attach_shared(artifact / shared["model_file"])
     engine.artifact = manifest
     engine.model_path = artifact / manifest["model_file"]
     return engine, manifest["dtype"]

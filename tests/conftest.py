@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# The runtime's cache (exported artifacts, ORT's optimized graphs) goes to a per-run directory, never ~/.cache.
+os.environ.setdefault("VLLM_SR_RUNTIME_CACHE_DIR", tempfile.mkdtemp(prefix="vsr-test-cache-"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 from runtime.fixtures.writer import write_fixture  # noqa: E402

@@ -293,3 +293,21 @@ def test_concurrent_first_uses_export_once(packages, tmp_path, monkeypatch):
     assert len(calls) == 1
     question = {"q": {"type": "noul"}}
     assert loaded[0].ask("s", question) == loaded[1].ask("s", question)
+
+
+def test_second_open_loads_the_saved_optimized_graph(artifacts, packages, tmp_path):
+    from runtime.engines.onnxruntime.optimized_cache import OPTIMIZED_FILE
+
+    cache = tmp_path / "cache"
+    first = runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")], cache_dir=cache)
+    assert first.engine.optimized_cache_use == "stored"
+    saved = list((cache / "ort-optimized").glob(f"*/{OPTIMIZED_FILE}"))
+    assert len(saved) == 1 and not list((cache / "ort-optimized").glob(".*"))  # published, no staging left
+    second = runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")], cache_dir=cache)
+    assert second.engine.optimized_cache_use == "hit"
+    questions = {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}, "n": {"type": "noul"}}
+    assert second.ask("Merge two sorted lists.", questions) == first.ask("Merge two sorted lists.", questions)
+    saved[0].write_bytes(b"not a model")  # a damaged entry is replaced, never fatal
+    third = runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")], cache_dir=cache)
+    assert third.engine.optimized_cache_use == "stored"
+    assert third.ask("Merge two sorted lists.", questions) == first.ask("Merge two sorted lists.", questions)

@@ -60,15 +60,21 @@ class OrtEngine:
         self.device_kind, self.device_index = device_kind, device_index
         self.input_names = [i.name for i in session.get_inputs()]
         self.shared_session = None  # the shared_context graph, when attached
+        self.optimized_cache: Path | None = None
+        self.optimized_cache_use: str | None = None  # "hit" (opened the saved optimized graph), "stored", None
 
     @classmethod
-    def from_file(cls, model_path: Path, *, device_kind: str = "cpu", device_index: int | None = None, output_name: str) -> "OrtEngine":
-        session = open_session(model_path, device_kind, device_index)
-        return cls(session, output_name, session.get_providers()[0], device_kind, device_index)
+    def from_file(
+        cls, model_path: Path, *, device_kind: str = "cpu", device_index: int | None = None, output_name: str, optimized_cache: Path | None = None
+    ) -> "OrtEngine":
+        session, use = open_session(model_path, device_kind, device_index, optimized_cache)
+        engine = cls(session, output_name, session.get_providers()[0], device_kind, device_index)
+        engine.optimized_cache, engine.optimized_cache_use = optimized_cache, use
+        return engine
 
     def attach_shared(self, model_path: Path) -> None:
         """Open the artifact's shared_context graph next to the main one (same provider and options)."""
-        self.shared_session = open_session(model_path, self.device_kind, self.device_index)
+        self.shared_session, _ = open_session(model_path, self.device_kind, self.device_index, self.optimized_cache)
 
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return _run(self.session, self.output_name, inputs)
@@ -79,12 +85,33 @@ class OrtEngine:
         return _run(self.shared_session, self.output_name, inputs)
 
 
-def open_session(model_path: Path, device_kind: str, device_index: int | None):
+def open_session(model_path: Path, device_kind: str, device_index: int | None, optimized_cache: Path | None = None):
+    """(session, cache use). With `optimized_cache` (CPU only: other providers' optimized graphs embed
+    device-specific nodes), the first open saves ORT's optimized graph there and later opens load it."""
     import onnxruntime as ort
 
+    from runtime.engines.onnxruntime.optimized_cache import cache_key, cached_model, open_and_save
+
     provider, provider_options = provider_for(device_kind, device_index, ort.get_available_providers())
+
+    def open_with(options, path: Path = model_path):
+        return ort.InferenceSession(str(path), sess_options=options, providers=[(provider, provider_options)])
+
     try:
-        return ort.InferenceSession(str(model_path), sess_options=session_options(device_kind), providers=[(provider, provider_options)])
+        if optimized_cache is None or device_kind != "cpu":
+            return open_with(session_options(device_kind)), None
+        key = cache_key(model_path, provider)
+        cached = cached_model(optimized_cache, key)
+        if cached is not None:
+            options = session_options(device_kind)
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
+            try:
+                return open_with(options, cached), "hit"
+            except Exception:  # a damaged entry: drop it and optimize again
+                import shutil
+
+                shutil.rmtree(cached.parent, ignore_errors=True)
+        return open_and_save(open_with, session_options(device_kind), optimized_cache, key), "stored"
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
         raise ArtifactError(f"ONNX Runtime cannot open {model_path} on {provider}: {exc}") from None
 

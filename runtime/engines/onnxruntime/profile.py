@@ -54,7 +54,11 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
     needed = PROVIDERS[device.kind][2]
     if needed and manifest["variant"] != needed:
         raise ArtifactError(f"device {device.name} needs the {needed} variant, artifact {artifact} is {manifest['variant']}")
-    engine = OrtEngine.from_file(artifact / manifest["model_file"], device_kind=device.kind, device_index=device.index, output_name=family.output_name)
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    engine = OrtEngine.from_file(
+        artifact / manifest["model_file"], device_kind=device.kind, device_index=device.index, output_name=family.output_name,
+        optimized_cache=root / "ort-optimized",
+    )  # fmt: skip
     if shared_context:
         shared = manifest.get("shared_context")
         if not shared:

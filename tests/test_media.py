@@ -1,0 +1,169 @@
+"""Decision 3.0 media intake: sizes, token counts, frame indices and timestamps from the spec's rules;
+every limit and bad input becomes a 400 or 413 error before heavy work."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from runtime.errors import InvalidRequest, RequestTooLarge
+from runtime.families.decision3.media import (
+    MediaLimits,
+    decode_image,
+    decode_media,
+    decode_video,
+    has_placeholder,
+    pair_timestamps,
+    sample_indices,
+    smart_resize,
+    visual_tokens,
+)
+
+
+def data_url(mime: str, payload: bytes) -> str:
+    return f"data:{mime};base64," + base64.b64encode(payload).decode()
+
+
+def png(width: int, height: int, color=(200, 30, 60)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG that declares width x height but carries almost no data (a decompression bomb's header)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+
+
+def mp4(frames: int, fps: int = 10, size: int = 64) -> bytes:
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        container.start_encoding()  # the header even when no frame follows
+        for index in range(frames):
+            array = np.full((size, size, 3), (index * 8) % 256, dtype=np.uint8)
+            for packet in stream.encode(__import__("av").VideoFrame.from_ndarray(array, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "expected"),
+    [
+        # 34 x 60 multiples of 32 = 2,088,960 px > 1,638,400: scaled by sqrt(1080*1920/1638400) = 1.125, floored.
+        (1080, 1920, (960, 1696)),
+        # 96 x 96 < 65,536 px: scaled up by sqrt(65536/10000) = 2.56, ceiled to 256 x 256.
+        (100, 100, (256, 256)),
+        # Already within bounds: rounded to the nearest multiple of 32 (300 -> 288, 500 -> 512).
+        (300, 500, (288, 512)),
+    ],
+)
+def test_smart_resize_follows_qwen2_vl(height, width, expected):
+    limits = MediaLimits()
+    assert smart_resize(height, width, limits.image_min_pixels, limits.image_max_pixels) == expected
+
+
+def test_visual_tokens_one_per_32px_square():
+    assert visual_tokens(960, 1696) == 30 * 53 == 1590
+    assert visual_tokens(256, 256) == 64
+    assert visual_tokens(1280, 1280) == 1600  # the image maximum
+
+
+def test_aspect_ratio_limit():
+    with pytest.raises(InvalidRequest, match="aspect ratio"):
+        smart_resize(10, 2010, 65_536, 1_638_400)
+
+
+@pytest.mark.parametrize(
+    ("total", "fps", "expected"),
+    [
+        (30, 10.0, [0, 6, 12, 17, 23, 29]),  # int(30 / 10 x 2) = 6 frames over linspace(0, 29)
+        (10, 30.0, [0, 3, 6, 9]),  # int(0.67) = 0 -> clamped up to 4
+        (3, 30.0, [0, 1, 2, 2]),  # at most `total` frames; an odd count repeats the last
+        (9000, 30.0, [int(round(x)) for x in np.linspace(0, 8999, 32)]),  # 600 -> clamped down to 32
+    ],
+)
+def test_frame_sampling(total, fps, expected):
+    assert sample_indices(total, fps, MediaLimits()) == expected
+
+
+def test_pair_timestamps_are_means_of_each_pair():
+    assert pair_timestamps([0, 6, 12, 17, 23, 29], 10.0) == pytest.approx([0.3, 1.45, 2.6])
+
+
+def test_image_decodes_and_resizes():
+    image = decode_image(data_url("image/png", png(300, 200)))
+    assert (image.height, image.width) == smart_resize(200, 300, 65_536, 1_638_400)
+    assert image.pixels.shape == (image.height, image.width, 3) and image.pixels.dtype == np.uint8
+    assert tuple(image.pixels[5, 5]) == (200, 30, 60)
+    assert image.tokens == visual_tokens(image.height, image.width)
+
+
+@pytest.mark.parametrize(
+    ("url", "error", "message"),
+    [
+        (data_url("image/png", png(64, 64)[:60]), InvalidRequest, "not a valid image/png"),  # truncated
+        (data_url("image/jpeg", png(64, 64)), InvalidRequest, "not a valid image/jpeg"),  # PNG sent as JPEG
+        (data_url("image/gif", b"GIF89a"), InvalidRequest, "not accepted"),
+        (data_url("image/png", png_header_only(20_000, 20_000)), RequestTooLarge, "decompression bomb"),
+        (data_url("image/png", png_header_only(5_000, 4_000)), RequestTooLarge, "5000x4000 px, over 16000000"),
+        ("https://example.com/cat.png", InvalidRequest, "disabled"),
+        ("data:image/png;base64,%%%", InvalidRequest, "invalid base64"),
+        ("data:image/png,rawbytes", InvalidRequest, "not a base64 data URL"),
+        (42, InvalidRequest, "data URL string"),
+    ],
+)
+def test_bad_images_are_refused(url, error, message):
+    with pytest.raises(error, match=message):
+        decode_image(url)
+
+
+def test_image_byte_limit_is_checked_before_decoding():
+    limits = MediaLimits(image_bytes=1000)
+    with pytest.raises(RequestTooLarge, match="over 1000 bytes"):
+        decode_image(data_url("image/png", b"\x00" * 5000), limits)
+
+
+def test_video_frames_indices_and_timestamps():
+    video = decode_video(data_url("video/mp4", mp4(30, fps=10)))
+    assert video.fps == pytest.approx(10.0)
+    assert video.indices == [0, 6, 12, 17, 23, 29]
+    assert video.timestamps == pytest.approx([0.3, 1.45, 2.6])
+    assert video.frames.shape == (6, 64, 64, 3)
+    assert abs(int(video.frames[1, 10, 10, 0]) - 48) <= 6  # frame 6 was filled with 6 x 8 (lossy codec)
+    assert video.tokens == 3 * visual_tokens(64, 64)
+
+
+def test_bad_videos_are_refused():
+    with pytest.raises(InvalidRequest, match="no video stream|no frames"):
+        decode_video(data_url("video/mp4", mp4(0)))  # a container with 0 frames
+    with pytest.raises(InvalidRequest, match="not a decodable video"):
+        decode_video(data_url("video/mp4", mp4(20)[:300]))
+    with pytest.raises(InvalidRequest, match="not accepted"):
+        decode_video(data_url("video/avi", b"RIFF"))
+    with pytest.raises(RequestTooLarge, match="long"):
+        decode_video(data_url("video/mp4", mp4(40, fps=10)), MediaLimits(video_seconds=2.0))
+    with pytest.raises(RequestTooLarge, match="visual tokens"):
+        decode_media(None, [data_url("video/mp4", mp4(30, fps=10))] * 2, MediaLimits(video_tokens=20))
+
+
+def test_placeholders_in_text_are_detected():
+    assert has_placeholder("see <|image_pad|> here") and has_placeholder("<|vision_start|>")
+    assert not has_placeholder("an <image> tag is plain text")

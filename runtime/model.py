@@ -42,17 +42,19 @@ class DecisionModel:
     def name(self) -> str:
         return self.family.model_name
 
-    def ask(self, state: Any, questions: Any) -> dict[str, dict]:
-        """Answers keyed by question id in request order (per-question errors in place)."""
-        return self.respond(state, questions).answers
+    def ask(self, state: Any, questions: Any, images: list[str] | None = None, videos: list[str] | None = None) -> dict[str, dict]:
+        """Answers keyed by question id in request order (per-question errors in place). Decision 3.0 models
+        with a vision tower also read `images` and `videos` (base64 data URLs)."""
+        return self.respond(state, questions, images, videos).answers
 
-    def respond(self, state: Any, questions: Any) -> Response:
-        return self.execute(self.plan(state, questions))
+    def respond(self, state: Any, questions: Any, images: Any = None, videos: Any = None) -> Response:
+        return self.execute(self.plan(state, questions, images=images, videos=videos))
 
-    def plan(self, state: Any, questions: Any, profile: str | None = None) -> Plan:
-        """Validate and render (request thread): raises InvalidRequest for request-level errors. Under
-        shared_context the request's questions share one prefix pass when that saves enough work."""
-        plan = self.family.plan(state, questions)
+    def plan(self, state: Any, questions: Any, profile: str | None = None, images: Any = None, videos: Any = None) -> Plan:
+        """Validate, decode media and render (request thread): raises InvalidRequest / RequestTooLarge for
+        request-level errors. Under shared_context the request's questions share one prefix pass when that
+        saves enough work."""
+        plan = self.family.plan(state, questions, images=images, videos=videos)
         if (profile or self.profile) == "shared_context":
             plan = self.family.share(plan, self.shared_min_tokens)
         return plan
@@ -67,7 +69,9 @@ class DecisionModel:
 
     def _run_passes(self, batches, on_batch):
         for batch in batches:
-            if batch.shared:
+            if batch.media:
+                outputs = self.engine.forward_media(batch.inputs)
+            elif batch.shared:
                 outputs = self.engine.forward_shared(batch.inputs)
                 self.shared_questions += len(batch.items)
             else:
@@ -81,9 +85,10 @@ class DecisionModel:
         """Rows of several requests share passes (profile `batching`): sorted by length, packed under a
         padded-token budget; each request gets its own answers back."""
         owners = {id(item): index for index, plan in enumerate(plans) for batch in plan.batches for item in batch.items}
-        items = [item for plan in plans for batch in plan.batches for item in batch.items]
+        items = [item for plan in plans for batch in plan.batches if not batch.media for item in batch.items]
+        own = [batch for plan in plans for batch in plan.batches if batch.media]  # media rows never mix requests
         produced = [dict(plan.errors) for plan in plans]
-        for item, answer in self._run_passes(self.family.pack(items, budget_tokens), on_batch):
+        for item, answer in self._run_passes(own + (self.family.pack(items, budget_tokens) if items else []), on_batch):
             produced[owners[id(item)]][item.question.id] = answer
         return [
             Response(answers={q.id: produced[index][q.id] for q in plan.questions}, input_tokens=plan.input_tokens)

@@ -25,6 +25,8 @@ PACKAGE_KINDS = {
     "d2_calibrated": ("decision2", {"backbone": "qwen3_5", "calibrated": True}),
     "d3": ("decision3", {}),
     "d3_causal": ("decision3", {"attention_mode": "causal"}),
+    "d3_vision": ("decision3", {"vision": True}),
+    "d3_vision_causal": ("decision3", {"vision": True, "attention_mode": "causal"}),
 }
 
 

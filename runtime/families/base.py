@@ -22,6 +22,7 @@ class Batch:
     inputs: dict[str, np.ndarray]
     items: list[Any]  # the family's rendered questions, one per row
     shared: bool = False  # profile `shared_context`: a prefix pass, then suffix rows continuing from it
+    media: bool = False  # rows that read images/videos: the module's forward_media (one request's rows only)
 
 
 @dataclass
@@ -119,7 +120,7 @@ class Family(ABC):
         from runtime.families.shared_context import common_prefix_length, worth_sharing
 
         items = [item for batch in plan.batches for item in batch.items]
-        if len(items) < 2:
+        if len(items) < 2 or any(batch.media for batch in plan.batches):  # media rows run whole
             return plan
         prefix_length = common_prefix_length(items, self.share_limit)
         if worth_sharing(len(items), prefix_length, min_saved_tokens):
@@ -134,19 +135,39 @@ class Family(ABC):
     def model_name(self) -> str:
         return self.package.model_name
 
-    def plan(self, state: Any, questions: Any) -> Plan:
+    def prepare_media(self, images: Any, videos: Any) -> Any:
+        """A request's decoded, preprocessed media (None when it has none). Families without a vision
+        tower refuse media."""
+        if images or videos:
+            from runtime.errors import InvalidRequest
+
+            raise InvalidRequest(f"model {self.model_name} reads text only; it does not accept images or videos")
+        if images is not None and not isinstance(images, list) or videos is not None and not isinstance(videos, list):
+            from runtime.errors import InvalidRequest
+
+            raise InvalidRequest("'images' and 'videos' must be lists of data URLs")
+        return None
+
+    def render_media(self, state: Any, question: Question, media: Any) -> Any:
+        raise NotImplementedError
+
+    def media_batches(self, rendered: list[Any], media: Any) -> list[Batch]:
+        raise NotImplementedError
+
+    def plan(self, state: Any, questions: Any, images: Any = None, videos: Any = None) -> Plan:
         plan = Plan(questions=parse_questions(questions))
+        media = self.prepare_media(images, videos)
         rendered = []
         for question in plan.questions:
             if question.problem is not None:
                 plan.errors[question.id] = error_answer(question.type, question.problem.error, question.problem.message)
                 continue
             try:
-                rendered.append(self.render(state, question))
+                rendered.append(self.render(state, question) if media is None else self.render_media(state, question, media))
             except QuestionError as problem:
                 plan.errors[question.id] = error_answer(question.type, problem.error, problem.message)
         if rendered:
-            plan.batches = self.batches(rendered)
+            plan.batches = self.batches(rendered) if media is None else self.media_batches(rendered, media)
         return plan
 
     def card(self) -> dict:

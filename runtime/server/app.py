@@ -82,8 +82,8 @@ class Server:
                 continue
             if not isinstance(value, list):
                 raise InvalidRequest(f"'{media}' must be a list of data URLs")
-            if value:
-                raise InvalidRequest(f"model {slot.name} does not accept {media} (text-only in this runtime build)")
+            # Decoded (with every limit) by the model's family when the request is planned; text-only
+            # models refuse non-empty lists there.
         profile = options.get("profile", slot.profile)
         if profile not in slot.profiles:
             raise InvalidRequest(f"profile {profile!r} is not enabled for model {slot.name} (enabled: {', '.join(slot.profiles)})")
@@ -108,7 +108,7 @@ class Server:
         if not slot.ready:
             raise NotReady(f"model {slot.name} is {slot.state}" + (f": {slot.reason}" if slot.reason else ""))
         model = slot.model
-        plan = model.plan(body["state"], body.get("questions"), profile=options["profile"])
+        plan = model.plan(body["state"], body.get("questions"), profile=options["profile"], images=body.get("images"), videos=body.get("videos"))
         parsed = time.perf_counter()
         deadline = time.monotonic() + options["deadline_ms"] / 1000
         queue_s = forward_s = 0.0

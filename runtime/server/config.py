@@ -9,7 +9,7 @@ from pathlib import Path
 from runtime.errors import InvalidRequest
 from runtime.packages.resolve import parse_model_ref
 
-DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_REQUEST_BYTES = 48 * 1024 * 1024  # a realistic video as a base64 data URL (the reference runtime's limit)
 DEFAULT_DEADLINE_MS = 30_000
 MAX_DEADLINE_MS = 600_000
 

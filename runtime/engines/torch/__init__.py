@@ -28,3 +28,9 @@ class TorchEngine:
         with torch.inference_mode():
             output = self.module.forward_shared(**self._tensors(inputs, self.shared_input_names))
         return output.float().cpu().numpy()
+
+    def forward_media(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """Rows that read images/videos: the vision tower, its features in place of the placeholders."""
+        with torch.inference_mode():
+            output = self.module.forward_media(**self._tensors(inputs, tuple(inputs)))
+        return output.float().cpu().numpy()

@@ -10,11 +10,13 @@ import torch
 from safetensors.torch import load_file
 from transformers.masking_utils import create_recurrent_attention_mask
 
-from runtime.errors import PackageError
+from runtime.errors import InvalidRequest, PackageError
 from runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
 from runtime.families.base import Batch, Family
 from runtime.families.decision3 import package as pkg
-from runtime.families.decision3.prompt import BATCH_SIZE, NUM_CODES, RenderedQuestion, batch_rows, derive_codes, render_question
+from runtime.families.decision3.media import MediaLimits, decode_media
+from runtime.families.decision3.prompt import BATCH_SIZE, NUM_CODES, RenderedQuestion, batch_rows, derive_codes, media_rows, render_question
+from runtime.families.decision3.vision import VisionInputs, mrope_positions, prepare
 from runtime.families.decision3.readout import CodeReadout, answer_from_probabilities
 from runtime.families.questions import Question
 from runtime.families.shared_context import continue_from_prefix, suffix_arrays
@@ -32,11 +34,16 @@ KNOWN_CHAT_TEMPLATES = {
 
 
 class Decision3Module(torch.nn.Module):
-    def __init__(self, text_model: torch.nn.Module, readout: CodeReadout, noncausal: bool):
+    def __init__(
+        self, text_model: torch.nn.Module, readout: CodeReadout, noncausal: bool, visual: torch.nn.Module | None = None,
+        media_token_ids: tuple[int, int] = (-1, -1),
+    ):  # fmt: skip
         super().__init__()
         self.text_model = text_model
         self.readout = readout
         self.noncausal = noncausal
+        self.visual = visual  # Qwen3_5VisionModel, for packages with a vision tower
+        self.image_token_id, self.video_token_id = media_token_ids
         # ONNX Attention does not broadcast the mask over query positions; the exporter sets this.
         self.full_mask_over_queries = False
 
@@ -68,6 +75,26 @@ class Decision3Module(torch.nn.Module):
         hidden = self.hidden_states(input_ids, attention_mask, position_ids)
         return self.readout(hidden[:, -1], option_mask)
 
+    def forward_media(
+        self, input_ids, attention_mask, position_ids, option_mask,
+        pixel_values=None, image_grid_thw=None, pixel_values_videos=None, video_grid_thw=None,
+    ):  # fmt: skip
+        """Rows of one request that reads images/videos: the vision tower runs once per request, its features
+        replace every row's placeholder tokens (images, then videos, as transformers' Qwen3_5Model does);
+        3-D (mrope) positions come in."""
+        embeds = self.text_model.embed_tokens(input_ids)
+        rows = input_ids.shape[0]
+        for pixels, grid, token in ((pixel_values, image_grid_thw, self.image_token_id), (pixel_values_videos, video_grid_thw, self.video_token_id)):
+            if pixels is None:
+                continue
+            features = self.visual(pixels.to(next(self.visual.parameters()).dtype), grid_thw=grid).pooler_output
+            mask = (input_ids == token).unsqueeze(-1)
+            embeds = embeds.masked_scatter(mask, features.to(embeds.dtype).repeat(rows, 1))
+        output = self.text_model(
+            inputs_embeds=embeds, attention_mask=self.attention_masks(embeds, attention_mask), position_ids=position_ids, use_cache=False
+        )
+        return self.readout(output.last_hidden_state[:, -1], option_mask)
+
     def forward_shared(self, prefix_ids, input_ids, attention_mask, query_index, option_mask):
         """Profile shared_context: the state prefix is encoded once (bidirectionally among its own tokens when
         non-causal) and every question's suffix attends to it; readout at each row's last real token."""
@@ -98,6 +125,7 @@ class Decision3Family(Family):
         if codes != package.decision_config["codes"] or token_ids != package.decision_config["token_ids"]:
             raise PackageError("codes / token_ids differ from the ones the tokenizer yields", "decision_config.json")
         self.codes = codes
+        self.media_limits = MediaLimits()
         self._check_chat_template(root)
         self._check_special_ids()
 
@@ -150,10 +178,33 @@ class Decision3Family(Family):
         weight = load_file(str(self.package.root / "readout.safetensors"))["weight"]
         return CodeReadout(weight, self.package.temperature)
 
+    def build_vision_model(self, dtype: torch.dtype) -> torch.nn.Module | None:
+        package = self.package
+        if not package.has_vision:
+            return None
+        from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+
+        tensors = read_tensors([package.root / rel for rel in package.weight_files], package.vision_prefix, package.root)
+        model = Qwen3_5VisionModel(Qwen3_5VisionConfig(**package.config["vision_config"]))
+        try:
+            model.load_state_dict(tensors, strict=True)
+        except RuntimeError as exc:
+            raise PackageError(f"vision weights do not fit vision_config: {str(exc)[:300]}", package.weight_files[0]) from None
+        return model.to(dtype).eval()
+
     def build_module(self, numerics: Numerics, device: torch.device) -> torch.nn.Module:
-        module = Decision3Module(self.build_text_model(numerics.parameter_dtype), self.build_readout(), self.noncausal)
+        config = self.package.config
+        module = Decision3Module(
+            self.build_text_model(numerics.parameter_dtype), self.build_readout(), self.noncausal,
+            visual=self.build_vision_model(numerics.parameter_dtype),
+            media_token_ids=(config.get("image_token_id", -1), config.get("video_token_id", -1)),
+        )  # fmt: skip
         loaded = sum(p.numel() for p in module.text_model.parameters()) + module.readout.weight.numel()
         expected = self.package.parameters["text"] + self.package.parameters["readout"]
+        if module.visual is not None:
+            loaded += sum(p.numel() for p in module.visual.parameters())
+            expected += self.package.parameters["vision"]
         if loaded != expected:
             raise PackageError(f"loaded {loaded} parameters, the manifest says {expected}", "MODEL_MANIFEST.json")
         return module.to(device).eval()
@@ -167,6 +218,34 @@ class Decision3Family(Family):
 
     def rows(self, group: list[RenderedQuestion]) -> dict[str, np.ndarray]:
         return batch_rows(group, self.pad_id)
+
+    # -- images and videos -----------------------------------------------------------------------------
+    def prepare_media(self, images: Any, videos: Any) -> VisionInputs | None:
+        if not images and not videos:
+            return super().prepare_media(images, videos)
+        if not self.package.has_vision:
+            raise InvalidRequest(f"model {self.model_name} has no vision tower; it does not accept images or videos")
+        decoded_images, decoded_videos = decode_media(images, videos, self.media_limits)
+        processor = self.package.processor_config
+        return prepare(decoded_images, decoded_videos, processor["image_mean"], processor["image_std"])
+
+    def render_media(self, state: Any, question: Question, media: VisionInputs) -> RenderedQuestion:
+        return render_question(state, question, self.tokenizer, self.codes, self.max_input_tokens, media_prefix=media.prefix_text)
+
+    def media_batches(self, rendered: list[RenderedQuestion], media: VisionInputs) -> list[Batch]:
+        config = self.package.config
+        positions = [
+            mrope_positions(item.token_ids, config["image_token_id"], config["video_token_id"], media.image_grid_thw, media.video_grid_thw)
+            for item in rendered
+        ]
+        batches = []
+        for start in range(0, len(rendered), BATCH_SIZE):
+            inputs = media_rows(rendered[start : start + BATCH_SIZE], self.pad_id, positions[start : start + BATCH_SIZE])
+            for name in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+                if getattr(media, name) is not None:
+                    inputs[name] = getattr(media, name)
+            batches.append(Batch(inputs=inputs, items=rendered[start : start + BATCH_SIZE], media=True))
+        return batches
 
     def share_limit(self, item: RenderedQuestion) -> int:
         return len(item.token_ids) - 1  # the readout token stays in the suffix
@@ -190,7 +269,9 @@ class Decision3Family(Family):
                 "attention_mode": self.package.attention_mode,
                 "parameters": self.package.parameters["loaded"],
                 "question_types": ["choice", "noul", "score"],
-                "modalities": ["text"],
+                "modalities": ["text", "image", "video"] if self.package.has_vision else ["text"],
             }
         )
+        if self.package.has_vision:
+            card["media_limits"] = self.media_limits.card()
         return card

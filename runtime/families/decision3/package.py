@@ -74,6 +74,16 @@ class Decision3Package:
     def has_vision(self) -> bool:
         return self.vision_prefix is not None and "vision_config" in self.config
 
+    @property
+    def processor_config(self) -> dict:
+        """preprocessor_config.json (normalization and patching of images; videos use the same values)."""
+        path = self.root / "preprocessor_config.json"
+        config = read_json(self.root, "preprocessor_config.json") if path.is_file() else {}
+        for key, want in (("patch_size", 16), ("temporal_patch_size", 2), ("merge_size", 2)):
+            if config.get(key, want) != want:
+                raise PackageError(f"{key} {config[key]} is not {want}, the only value this runtime reads", "preprocessor_config.json")
+        return {"image_mean": config.get("image_mean", [0.5] * 3), "image_std": config.get("image_std", [0.5] * 3)}
+
 
 def verify(root: Path) -> Decision3Package:
     root = Path(root)

@@ -97,12 +97,16 @@ class RenderedQuestion:
     visual_tokens: int = 0
 
 
-def render_question(state: Any, question: Question, tokenizer: Tokenizer, codes: list[str], max_input_tokens: int) -> RenderedQuestion:
+def render_question(
+    state: Any, question: Question, tokenizer: Tokenizer, codes: list[str], max_input_tokens: int, media_prefix: str = ""
+) -> RenderedQuestion:
+    """Token ids of one question's prompt; `media_prefix` holds the expanded image/video placeholders (their
+    tokens count toward the input limit and usage)."""
     texts = [as_text(state) if state is not None else "", as_text(question.instructions) if question.instructions is not None else ""]
     texts += option_texts(question)
     if any(literal in text for text in texts for literal in MEDIA_LITERALS):
         raise QuestionError("invalid_question", "state and question text may not contain image or video placeholders")
-    prompt = render_prompt(state, question, codes)
+    prompt = render_prompt(state, question, codes, media_prefix)
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids
     if len(ids) > max_input_tokens:
         raise QuestionError(
@@ -125,3 +129,14 @@ def batch_rows(rendered: list[RenderedQuestion], pad_id: int) -> dict[str, np.nd
         option_mask[row, : len(item.question.options)] = True
     position_ids = np.broadcast_to(np.arange(width, dtype=np.int64), (count, width)).copy()
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "option_mask": option_mask}
+
+
+def media_rows(rendered: list[RenderedQuestion], pad_id: int, positions: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """One left-padded pass over rows that read media: padding-aware 3-D positions [3, B, S] (0 at pads)."""
+    rows = batch_rows(rendered, pad_id)
+    count, width = rows["input_ids"].shape
+    position_ids = np.zeros((3, count, width), dtype=np.int64)
+    for row, row_positions in enumerate(positions):
+        position_ids[:, row, width - row_positions.shape[1] :] = row_positions
+    rows["position_ids"] = position_ids
+    return rows

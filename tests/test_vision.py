@@ -1,0 +1,158 @@
+"""Decision 3.0 images and videos, eager: the package's vision tower through transformers' own classes,
+checked against transformers' Qwen3_5Model (features, mrope positions, the whole causal forward) and its
+Qwen2-VL image processor; through the real server, every bad input is a 4xx."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import runtime
+from runtime.errors import InvalidRequest
+from server_harness import Contract, Server
+from test_media import data_url, mp4, png, png_header_only
+
+CONTRACT = Contract()
+QUESTIONS = {
+    "what": {"type": "choice", "instructions": "What is shown?", "criteria": {"cat": None, "dog": "a dog", "car": None}},
+    "red": {"type": "noul", "instructions": "Is it mostly red?"},
+}
+
+
+def noisy_png(width: int, height: int, seed: int = 0) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+IMAGE = data_url("image/png", noisy_png(300, 200))
+VIDEO = data_url("video/mp4", mp4(30, fps=10))
+
+
+@pytest.fixture(scope="module")
+def reference(packages):
+    from transformers import Qwen3_5Model
+
+    return Qwen3_5Model.from_pretrained(str(packages["d3_vision_causal"]), dtype=torch.float32).eval()
+
+
+def tensors(inputs: dict) -> dict:
+    return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in inputs.items()}
+
+
+def test_whole_forward_matches_transformers_qwen3_5_model(packages, reference):
+    """Causal fixture: transformers' Qwen3_5Model runs the same ids and pixels end to end (its processor
+    hands every row its own copy of the media); our module must give the same readout."""
+    model = runtime.load(packages["d3_vision_causal"])
+    plan = model.plan("Describe the media.", QUESTIONS, images=[IMAGE], videos=[VIDEO])
+    (batch,) = plan.batches
+    inputs = tensors(batch.inputs)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    rows = ids.shape[0]
+    config = reference.config
+    types = torch.zeros_like(ids)
+    types[ids == config.image_token_id] = 1
+    types[ids == config.video_token_id] = 2
+    image_grid, video_grid = inputs["image_grid_thw"].repeat(rows, 1), inputs["video_grid_thw"].repeat(rows, 1)
+    positions, _ = reference.get_rope_index(ids, types, image_grid, video_grid.clone(), mask)
+    real = mask.bool()
+    assert torch.equal(positions[:, real], inputs["position_ids"][:, real])  # padding-aware mrope
+    module = model.engine.module
+    with torch.no_grad():
+        ours = module.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
+        theirs = reference.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output[0]
+        assert torch.equal(ours, theirs)  # the vision tower, bit-identical
+        hidden = reference(
+            input_ids=ids, attention_mask=mask, mm_token_type_ids=types,
+            pixel_values=inputs["pixel_values"].repeat(rows, 1), image_grid_thw=image_grid,
+            pixel_values_videos=inputs["pixel_values_videos"].repeat(rows, 1), video_grid_thw=video_grid,
+        ).last_hidden_state[:, -1]  # fmt: skip
+        expected = module.readout(hidden, inputs["option_mask"])
+        got = module.forward_media(**inputs)
+    assert torch.allclose(got, expected, atol=1e-6, rtol=0)
+
+
+def test_image_patches_match_the_qwen2_vl_processor(packages):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from runtime.families.decision3.media import decode_image
+
+    model = runtime.load(packages["d3_vision"])
+    (batch,) = model.plan("x", {"red": QUESTIONS["red"]}, images=[IMAGE]).batches
+    resized = decode_image(IMAGE)
+    processor = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, do_resize=False)
+    expected = processor(images=[Image.fromarray(resized.pixels)], return_tensors="np")
+    assert np.array_equal(expected["image_grid_thw"], batch.inputs["image_grid_thw"])
+    assert np.abs(expected["pixel_values"] - batch.inputs["pixel_values"]).max() < 1e-6
+
+
+def test_media_changes_answers_and_counts_visual_tokens(packages):
+    model = runtime.load(packages["d3_vision"])
+    text = model.plan("Describe the media.", QUESTIONS)
+    with_image = model.plan("Describe the media.", QUESTIONS, images=[IMAGE])
+    image_tokens = (224 // 32) * (320 // 32)  # 200 x 300 px -> smart resize 224 x 320
+    # every question's prompt holds the image tokens and the <|vision_start|> / <|vision_end|> around them
+    assert with_image.input_tokens == text.input_tokens + len(QUESTIONS) * (image_tokens + 2)
+    plain, seen = model.ask("Describe the media.", QUESTIONS), model.ask("Describe the media.", QUESTIONS, images=[IMAGE])
+    assert plain["what"]["probabilities"] != seen["what"]["probabilities"]
+    other = model.ask("Describe the media.", QUESTIONS, images=[data_url("image/png", noisy_png(300, 200, seed=1))])
+    assert other["what"]["probabilities"] != seen["what"]["probabilities"]  # the pixels matter
+    broken = {**QUESTIONS, "bad": {"type": "noul", "instructions": "see <|image_pad|>"}}
+    answers = model.ask("Describe the media.", broken, images=[IMAGE])
+    assert answers["bad"]["error"] == "invalid_question" and answers["what"] == seen["what"]
+
+
+def test_text_only_models_refuse_media(packages):
+    with pytest.raises(InvalidRequest, match="does not accept images"):
+        runtime.load(packages["d3"]).plan("x", QUESTIONS, images=[IMAGE])
+    with pytest.raises(InvalidRequest, match="does not accept images"):
+        runtime.load(packages["d2_qwen3_5"]).plan("x", QUESTIONS, videos=[VIDEO])
+
+
+@pytest.fixture(scope="module")
+def server(packages, tmp_path_factory):
+    log = tmp_path_factory.mktemp("vision") / "server.log"
+    started = Server([str(packages["d3_vision"]), "--device", "cpu"], log=log)
+    try:
+        started.wait()
+        yield started
+    finally:
+        started.stop()
+
+
+def post(server: Server, body: dict):
+    reply = server.request("POST", "/v1/systemone", body)
+    CONTRACT.check("/v1/systemone", "POST", reply)
+    return reply
+
+
+def test_server_answers_image_and_video_requests(server, packages):
+    reply = post(server, {"state": "Describe the media.", "questions": QUESTIONS, "images": [IMAGE], "videos": [VIDEO]})
+    assert reply.status == 200, reply.body
+    local = runtime.load(packages["d3_vision"]).respond("Describe the media.", QUESTIONS, [IMAGE], [VIDEO])
+    assert reply.json()["usage"]["input_tokens"] == local.input_tokens
+    assert reply.json()["answers"]["what"]["choice"] == local.answers["what"]["choice"]
+    card = server.request("GET", "/v1/models").json()["data"][0]
+    assert card["modalities"] == ["text", "image", "video"] and card["media_limits"]["image_max_bytes"] == 8_000_000
+
+
+@pytest.mark.parametrize(
+    ("media", "status", "message"),
+    [
+        ({"images": [data_url("image/png", png(64, 64)[:60])]}, 400, "not a valid image/png"),
+        ({"images": [data_url("image/jpeg", png(64, 64))]}, 400, "not a valid image/jpeg"),
+        ({"images": [data_url("image/png", png_header_only(20_000, 20_000))]}, 413, "decompression bomb"),
+        ({"images": ["https://example.com/cat.png"]}, 400, "disabled"),
+        ({"images": "data:image/png;base64,AAAA"}, 400, "list"),
+        ({"videos": [data_url("video/mp4", mp4(0))]}, 400, "video"),
+        ({"videos": [data_url("video/mp4", b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 40)]}, 400, "not a decodable video"),
+    ],
+)
+def test_server_refuses_bad_media_with_4xx(server, media, status, message):
+    reply = post(server, {"state": "x", "questions": QUESTIONS, **media})
+    assert reply.status == status, reply.body
+    assert message in reply.json()["error"]["message"]

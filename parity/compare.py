@@ -21,8 +21,8 @@ def distribution(answer: dict) -> list[float] | None:
     return list(answer["probabilities"].values())
 
 
-def prompt_lengths(model: Any, state: Any, questions: dict) -> dict[str, int]:
-    plan = model.plan(state, questions)
+def prompt_lengths(model: Any, request: SuiteRequest) -> dict[str, int]:
+    plan = model.plan(request.state, request.questions, images=request.images, videos=request.videos)
     return {item.question.id: len(item.token_ids) for batch in plan.batches for item in batch.items}
 
 
@@ -32,23 +32,23 @@ CONCURRENT_REQUESTS = 8  # the batching profile answers the suite this many requ
 def _candidate_answers(candidate: Any, suite: list[SuiteRequest]):
     if candidate.profile != "batching":
         for request in suite:
-            yield candidate.ask(request.state, request.questions)
+            yield candidate.ask(request.state, request.questions, request.images, request.videos)
         return
     for start in range(0, len(suite), CONCURRENT_REQUESTS):
         chunk = suite[start : start + CONCURRENT_REQUESTS]
-        yield from candidate.ask_many([(r.state, r.questions) for r in chunk])
+        yield from candidate.ask_many([(r.state, r.questions, r.images, r.videos) for r in chunk])
 
 
 def compare(reference: Any, candidate: Any, suite: list[SuiteRequest], progress: bool = True) -> list[dict]:
     rows = []
     candidates = _candidate_answers(candidate, suite)
     for request in tqdm(suite, desc="parity", unit="request", disable=not progress):
-        left = reference.ask(request.state, request.questions)
+        left = reference.ask(request.state, request.questions, request.images, request.videos)
         right = next(candidates)
-        lengths = prompt_lengths(reference, request.state, request.questions)
+        lengths = prompt_lengths(reference, request)
         for qid, answer in left.items():
             ref, cand = distribution(answer), distribution(right[qid])
-            row = {"request": request.id, "question": qid, "type": answer["type"], "prompt_tokens": lengths.get(qid)}
+            row = {"request": request.id, "question": qid, "type": answer["type"], "prompt_tokens": lengths.get(qid), "media": _media_kind(request)}
             if ref is None or cand is None:
                 row.update(error=answer.get("error") or right[qid].get("error"), same_error=answer == right[qid])
                 rows.append(row)
@@ -64,6 +64,11 @@ def compare(reference: Any, candidate: Any, suite: list[SuiteRequest], progress:
             )
             rows.append(row)
     return rows
+
+
+def _media_kind(request: SuiteRequest) -> str:
+    kinds = [name for name, present in (("image", request.images), ("video", request.videos)) if present]
+    return "+".join(kinds) or "text"
 
 
 def _stats(values: list[float]) -> dict:
@@ -99,6 +104,10 @@ def summarize(rows: list[dict]) -> dict:
         "near_tie_threshold": NEAR_TIE,
         "abs_diff": _stats([r["max_abs_diff"] for r in scored]),
         "abs_diff_by_type": by_type,
+        "abs_diff_by_media": {
+            kind: _stats([r["max_abs_diff"] for r in scored if r.get("media", "text") == kind])
+            for kind in sorted({r.get("media", "text") for r in scored})
+        },
         "abs_diff_by_length": {key: _stats(values) for key, values in sorted(buckets.items(), key=lambda kv: int(kv[0].lstrip(">=").split("-")[0]))},
         "reference_confidence": {"median_margin": float(np.median(margins)) if margins else None},
         "option_counts": sorted({r["options"] for r in scored}),

@@ -92,6 +92,7 @@ def write_report(out: Path, meta: dict, summary: dict, rows: list[dict], failed:
 <body><h1>Parity report</h1>{verdict}{overview}
 {_table("|Δp| by question type", summary["abs_diff_by_type"])}
 {_table("|Δp| by prompt length (tokens)", summary["abs_diff_by_length"])}
+{_table("|Δp| by input kind (text, image, video)", summary.get("abs_diff_by_media", {}))}
 <h2>Plots</h2>{figures}
 </body></html>
 """

@@ -29,6 +29,8 @@ class SuiteRequest:
     id: str
     state: Any
     questions: dict
+    images: list[str] | None = None  # base64 data URLs (Decision 3.0 models with a vision tower)
+    videos: list[str] | None = None
 
 
 def _state(rng: random.Random, long_tokens: int | None) -> Any:
@@ -64,9 +66,10 @@ def _noul(rng: random.Random) -> dict:
     return question
 
 
-def builtin_suite(max_input_tokens: int, seed: int = 0) -> list[SuiteRequest]:
+def builtin_suite(max_input_tokens: int, seed: int = 0, media: bool = False) -> list[SuiteRequest]:
     """At least 416 questions: every type, 2..255-option choices (40-option ones included), scores of 2..10
-    levels, nouls, text and JSON states, short to near-limit prompts, single- and multi-question requests."""
+    levels, nouls, text and JSON states, short to near-limit prompts, single- and multi-question requests;
+    with `media`, also requests that read an image, two images, a video, and an image with a video."""
     rng = random.Random(seed)
     requests: list[SuiteRequest] = []
     option_counts = [2, 3, 4, 5, 8, 12, 40, 40, 40, 64, 128, 255]
@@ -88,7 +91,65 @@ def builtin_suite(max_input_tokens: int, seed: int = 0) -> list[SuiteRequest]:
                 questions[f"n{position}"] = _noul(rng)
         requests.append(SuiteRequest(id=f"builtin-{index}", state=_state(rng, long_tokens), questions=questions))
         index += 1
+    if media:
+        requests += media_requests(rng)
     return requests
+
+
+def media_requests(rng: random.Random) -> list[SuiteRequest]:
+    """Deterministic synthetic media: gradient images of several sizes and a short clip (PyAV)."""
+    images = [_image_url(width, height, rng.randrange(1 << 30)) for width, height in ((320, 240), (640, 360), (96, 512))]
+    video = _video_url(rng.randrange(1 << 30))
+    ask = {
+        "c0": _choice(rng, 4), "n1": _noul(rng), "s2": _score(rng, 5),
+        "c3": {"type": "choice", "instructions": "Which object is in the picture?", "criteria": {"cat": None, "dog": None, "car": "a vehicle", "tree": None}},
+    }  # fmt: skip
+    return [
+        SuiteRequest(id="media-image", state="Describe what the user sent.", questions=ask, images=images[:1]),
+        SuiteRequest(id="media-two-images", state={"user": "Compare the two pictures."}, questions=ask, images=images[1:]),
+        SuiteRequest(id="media-video", state="What happens in the clip?", questions=ask, videos=[video]),
+        SuiteRequest(id="media-image-video", state="Does the picture match the clip?", questions=ask, images=images[:1], videos=[video]),
+    ]
+
+
+def _image_url(width: int, height: int, seed: int) -> str:
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([(x * 255 // max(1, width - 1)), (y * 255 // max(1, height - 1)), np.full_like(x, rng.integers(0, 255))], axis=-1)
+    noisy = np.clip(pixels + rng.integers(-20, 20, pixels.shape), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(noisy).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _video_url(seed: int, frames: int = 24, fps: int = 8, size: int = 96) -> str:
+    import base64
+    import io
+
+    import av
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        base = rng.integers(0, 255, (size, size, 3))
+        for index in range(frames):  # a bright square moving over a fixed noisy background
+            frame = base.copy()
+            frame[10:40, (index * 3) % (size - 30) : (index * 3) % (size - 30) + 30] = 255
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame.astype(np.uint8), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return "data:video/mp4;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def load_jsonl(path: Path) -> list[SuiteRequest]:
@@ -102,7 +163,12 @@ def load_jsonl(path: Path) -> list[SuiteRequest]:
             raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
         if not isinstance(body, dict) or "questions" not in body:
             raise ValueError(f"{path}:{number}: each line must be a System One request with state and questions")
-        requests.append(SuiteRequest(id=str(body.get("id", f"line-{number}")), state=body.get("state"), questions=body["questions"]))
+        requests.append(
+            SuiteRequest(
+                id=str(body.get("id", f"line-{number}")), state=body.get("state"), questions=body["questions"],
+                images=body.get("images"), videos=body.get("videos"),
+            )
+        )  # fmt: skip
     if not requests:
         raise ValueError(f"{path}: no requests")
     return requests

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from runtime.devices import Device, parse_device
+from runtime.errors import InvalidRequest
 from runtime.families import detect_family
 from runtime.families.answers import error_answer
 from runtime.families.base import Family, Plan
@@ -39,6 +40,10 @@ class DecisionModel:
         self.shared_questions = 0  # questions answered through a shared pass (parity and metrics report it)
 
     @property
+    def reads_media(self) -> bool:
+        return hasattr(self.engine, "forward_media")
+
+    @property
     def name(self) -> str:
         return self.family.model_name
 
@@ -54,6 +59,11 @@ class DecisionModel:
         """Validate, decode media and render (request thread): raises InvalidRequest / RequestTooLarge for
         request-level errors. Under shared_context the request's questions share one prefix pass when that
         saves enough work."""
+        if (images or videos) and not self.reads_media and "image" in self.family.card().get("modalities", []):
+            raise InvalidRequest(
+                f"profile {self.profile} of model {self.name} runs on {self.engine.name}, which cannot read images or videos yet; "
+                "send media to a model served under profile exact"
+            )
         plan = self.family.plan(state, questions, images=images, videos=videos)
         if (profile or self.profile) == "shared_context":
             plan = self.family.share(plan, self.shared_min_tokens)
@@ -95,9 +105,10 @@ class DecisionModel:
             for index, plan in enumerate(plans)
         ]
 
-    def ask_many(self, requests: list[tuple[Any, Any]], budget_tokens: int = DEFAULT_BATCH_TOKENS) -> list[dict[str, dict]]:
-        """Several (state, questions) requests answered together, as concurrent requests are under `batching`."""
-        plans = [self.plan(state, questions) for state, questions in requests]
+    def ask_many(self, requests: list[tuple], budget_tokens: int = DEFAULT_BATCH_TOKENS) -> list[dict[str, dict]]:
+        """Several (state, questions[, images, videos]) requests answered together, as concurrent requests are
+        under `batching` (rows that read media stay with their own request)."""
+        plans = [self.plan(r[0], r[1], images=r[2] if len(r) > 2 else None, videos=r[3] if len(r) > 3 else None) for r in requests]
         return [response.answers for response in self.execute_many(plans, budget_tokens)]
 
     def _answer(self, item: Any, row: np.ndarray) -> dict:

@@ -156,3 +156,39 @@ def test_server_refuses_bad_media_with_4xx(server, media, status, message):
     reply = post(server, {"state": "x", "questions": QUESTIONS, **media})
     assert reply.status == status, reply.body
     assert message in reply.json()["error"]["message"]
+
+
+def test_parity_suite_reads_media(packages, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from parity.suite import builtin_suite
+
+    suite = builtin_suite(4096, media=True)
+    media = [r for r in suite if r.images or r.videos]
+    assert {bool(r.images) for r in media} == {True, False} and any(r.videos for r in media)
+    assert [r.images for r in media] == [r.images for r in builtin_suite(4096, media=True) if r.images or r.videos]  # deterministic
+    lines = [json.dumps({"id": r.id, "state": r.state, "questions": r.questions, "images": r.images, "videos": r.videos}) for r in media]
+    (tmp_path / "media.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "parity"
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "parity", str(packages["d3_vision"]), "--profile", "batching", "--suite", str(tmp_path / "media.jsonl"),
+         "--out", str(out), "--quiet", "--max-abs-diff", "1e-5"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((out / "parity.json").read_text())["summary"]
+    assert summary["compared"] == sum(len(r.questions) for r in media) and summary["errors"] == 0
+    assert set(summary["abs_diff_by_media"]) == {"image", "video", "image+video"}
+
+
+def test_max_speed_refuses_media_until_the_vision_graph_exists(packages, tmp_path):
+    from export.exporter import export_package
+
+    artifact = tmp_path / "artifact"
+    export_package(packages["d3_vision"], artifact, progress=False)
+    fast = runtime.load(packages["d3_vision"], profile="max_speed", artifact=artifact)
+    with pytest.raises(InvalidRequest, match="cannot read images"):
+        fast.plan("x", QUESTIONS, images=[IMAGE])
+    assert fast.ask("x", QUESTIONS)["red"]["type"] == "noul"  # text requests are unaffected

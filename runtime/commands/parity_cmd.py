@@ -19,7 +19,15 @@ class PerturbedEngine:
         self.rng = np.random.default_rng(0)
 
     def forward(self, inputs):
-        output = self.engine.forward(inputs)
+        return self._noisy(self.engine.forward(inputs))
+
+    def forward_shared(self, inputs):
+        return self._noisy(self.engine.forward_shared(inputs))
+
+    def forward_media(self, inputs):
+        return self._noisy(self.engine.forward_media(inputs))
+
+    def _noisy(self, output):
         noise = self.rng.normal(0.0, self.scale, size=output.shape).astype(output.dtype)
         return output * np.exp(noise) if self.probabilities else output + noise
 
@@ -35,7 +43,12 @@ def run(args: argparse.Namespace) -> int:
     candidate = runtime.load(args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, **common)
     if args.perturb:
         candidate.engine = PerturbedEngine(candidate.engine, args.perturb, candidate.family.output_name == "probabilities")
-    suite = builtin_suite(reference.family.max_input_tokens) if args.suite == "builtin" else load_jsonl(Path(args.suite))
+    if args.suite == "builtin":
+        # Models with a vision tower also get media requests, when the candidate's engine can read them.
+        media = "image" in reference.card().get("modalities", []) and candidate.reads_media
+        suite = builtin_suite(reference.family.max_input_tokens, media=media)
+    else:
+        suite = load_jsonl(Path(args.suite))
     rows = compare(reference, candidate, suite, progress=not args.quiet)
     summary = summarize(rows)
     failed = gates(summary, args.max_changed_rate, args.max_abs_diff)

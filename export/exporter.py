@@ -102,7 +102,8 @@ def export_family(
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            _write_graph(model, temp, dtype, MODEL_FILE, DATA_FILE)
+            keep_fp32 = _head_weight_hashes(module) if dtype == "int8" else set()
+            _write_graph(model, temp, dtype, MODEL_FILE, DATA_FILE, keep_fp32=keep_fp32)
             del model
             for rel in RUNTIME_FILES:
                 if (family.package.root / rel).is_file():
@@ -141,11 +142,14 @@ def _check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
         raise ArtifactError(f"{what} failed: max |dp| {smoke['max_abs_diff']:.3g} (limit {tolerance}), {smoke['decisions_changed']} decision(s) changed")
 
 
-def _write_graph(model: onnx.ModelProto, temp: Path, dtype: str, file: str, data_file: str, base: Path | None = None) -> dict | None:
-    """Save one graph of the artifact (quantized first for int8); with `base`, weights equal to base's are
-    read from base's data file instead of being written again (returns the counts)."""
+def _write_graph(
+    model: onnx.ModelProto, temp: Path, dtype: str, file: str, data_file: str, base: Path | None = None, keep_fp32: set[str] = frozenset()
+) -> dict | None:
+    """Save one graph of the artifact (quantized first for int8, except MatMuls whose weight hash is in
+    `keep_fp32`); with `base`, weights equal to base's are read from base's data file instead of being
+    written again (returns the counts)."""
     if dtype == "int8":
-        model = _quantized(model, temp)
+        model = _quantized(model, temp, keep_fp32)
     if base is None:
         onnx.save_model(model, str(temp / file), save_as_external_data=True, all_tensors_to_one_file=True, location=data_file, size_threshold=1024)
         return None
@@ -154,18 +158,45 @@ def _write_graph(model: onnx.ModelProto, temp: Path, dtype: str, file: str, data
     return save_sharing_weights(model, temp / file, data_file, base)
 
 
-def _quantized(model: onnx.ModelProto, temp: Path) -> onnx.ModelProto:
+def _head_weight_hashes(module: torch.nn.Module) -> set[str]:
+    """sha256 of every 2-D head tensor (readout / candidate head), as is and transposed: the exported
+    graph names transposed weights by trace order, so they are found by content."""
+    import hashlib
+
+    towers = ("backbone.", "text_model.", "visual.")
+    hashes = set()
+    for name, parameter in [*module.named_parameters(), *module.named_buffers()]:  # D3's readout is a buffer
+        if name.startswith(towers) or parameter.dim() != 2:
+            continue
+        for tensor in (parameter, parameter.t()):
+            hashes.add(hashlib.sha256(tensor.detach().float().contiguous().numpy().tobytes()).hexdigest())
+    return hashes
+
+
+def _fp32_matmuls(model: onnx.ModelProto, keep_fp32: set[str]) -> list[str]:
+    import hashlib
+
+    weights = {t.name: t for t in model.graph.initializer if t.HasField("raw_data")}
+    return [
+        node.name for node in model.graph.node
+        if node.op_type == "MatMul" and node.input[1] in weights and hashlib.sha256(weights[node.input[1]].raw_data).hexdigest() in keep_fp32
+    ]  # fmt: skip
+
+
+def _quantized(model: onnx.ModelProto, temp: Path, keep_fp32: set[str] = frozenset()) -> onnx.ModelProto:
     """ORT's dynamic quantization: MatMuls with constant weights become signed-int8 MatMulInteger (the kernel
-    that pays on AVX-512 VNNI CPUs, export-notes); everything else, the readout included, stays FP32."""
+    that pays on AVX-512 VNNI CPUs, export-notes); the head's MatMuls (readout) and everything else stay
+    FP32: a quantized readout moves logits directly (measured: most of int8's error on d3-lite)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    excluded = _fp32_matmuls(model, keep_fp32)
     staging = temp / "int8-staging"
     staging.mkdir()
     try:
         onnx.save_model(model, str(staging / "fp32.onnx"), save_as_external_data=True, all_tensors_to_one_file=True, location="fp32.onnx.data", size_threshold=1024)
         quantize_dynamic(
             str(staging / "fp32.onnx"), str(staging / "int8.onnx"), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-            per_channel=False, use_external_data_format=True, extra_options={"MatMulConstBOnly": True},
+            per_channel=False, use_external_data_format=True, extra_options={"MatMulConstBOnly": True}, nodes_to_exclude=excluded,
         )  # fmt: skip
         return onnx.load(str(staging / "int8.onnx"), load_external_data=True)
     finally:
@@ -185,7 +216,8 @@ def _export_shared(family: Family, module: torch.nn.Module, engine: Any, temp: P
     trim_contrib_outputs(model)
     bar.update()
     phase("shared write")
-    weights = _write_graph(model, temp, dtype, SHARED_MODEL_FILE, SHARED_DATA_FILE, base=temp / MODEL_FILE)
+    keep_fp32 = _head_weight_hashes(module) if dtype == "int8" else set()
+    weights = _write_graph(model, temp, dtype, SHARED_MODEL_FILE, SHARED_DATA_FILE, base=temp / MODEL_FILE, keep_fp32=keep_fp32)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": _io_schema(model.graph.input), "outputs": _io_schema(model.graph.output)}
     del model

@@ -167,3 +167,66 @@ def test_bad_videos_are_refused():
 def test_placeholders_in_text_are_detected():
     assert has_placeholder("see <|image_pad|> here") and has_placeholder("<|vision_start|>")
     assert not has_placeholder("an <image> tag is plain text")
+
+
+class MediaHost:
+    """A loopback HTTP server with a few media responses (a real peer for the URL fetcher)."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        routes = {
+            "/cat.png": (200, {"Content-Type": "image/png"}, png(300, 200)),
+            "/cat.txt": (200, {"Content-Type": "text/plain"}, b"meow"),
+            "/moved.png": (302, {"Location": "/cat.png"}, b""),
+            "/missing.png": (404, {"Content-Type": "text/plain"}, b"no"),
+        }
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                status, headers, body = routes.get(self.path, (404, {}, b""))
+                self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture(scope="module")
+def media_host():
+    host = MediaHost()
+    yield host
+    host.server.shutdown()
+
+
+def test_url_fetch_follows_the_allow_list(media_host):
+    from runtime.families.decision3.media_urls import UrlPolicy
+
+    url = f"{media_host.base}/cat.png"
+    with pytest.raises(InvalidRequest, match="disabled"):
+        decode_image(url)  # off by default
+    with pytest.raises(InvalidRequest, match="not on this server's media URL allow-list"):
+        decode_image(url, urls=UrlPolicy(("media.example.com",)))
+    with pytest.raises(InvalidRequest, match="loopback or private address"):
+        decode_image(url, urls=UrlPolicy(("127.0.0.1",)))  # allowed host, but a private address (SSRF guard)
+    allowed = UrlPolicy(("127.0.0.1",), allow_private=True, timeout_s=5)
+    image = decode_image(url, urls=allowed)
+    assert (image.height, image.width) == smart_resize(200, 300, 65_536, 1_638_400)
+    with pytest.raises(RequestTooLarge, match="over 100$"):
+        decode_image(url, MediaLimits(image_bytes=100), urls=allowed)  # the body is never read past the cap
+    with pytest.raises(InvalidRequest, match="text/plain"):
+        decode_image(f"{media_host.base}/cat.txt", urls=allowed)
+    with pytest.raises(InvalidRequest, match="redirects are not followed"):
+        decode_image(f"{media_host.base}/moved.png", urls=allowed)
+    with pytest.raises(InvalidRequest, match="HTTP 404"):
+        decode_image(f"{media_host.base}/missing.png", urls=allowed)
+    assert UrlPolicy(("*.example.com",)).allows_host("cdn.example.com") and not UrlPolicy(("*.example.com",)).allows_host("example.org")

@@ -116,7 +116,8 @@ def test_text_only_models_refuse_media(packages):
 @pytest.fixture(scope="module")
 def server(packages, tmp_path_factory):
     log = tmp_path_factory.mktemp("vision") / "server.log"
-    started = Server([str(packages["d3_vision"]), "--device", "cpu"], log=log)
+    # http(s) media URLs only from the loopback test host (private addresses allowed explicitly).
+    started = Server([str(packages["d3_vision"]), "--device", "cpu", "--media-url-allow", "127.0.0.1", "--media-url-allow-private"], log=log)
     try:
         started.wait()
         yield started
@@ -138,6 +139,21 @@ def test_server_answers_image_and_video_requests(server, packages):
     assert reply.json()["answers"]["what"]["choice"] == local.answers["what"]["choice"]
     card = server.request("GET", "/v1/models").json()["data"][0]
     assert card["modalities"] == ["text", "image", "video"] and card["media_limits"]["image_max_bytes"] == 8_000_000
+    assert card["media_limits"]["http_urls"] == ["127.0.0.1"]
+
+
+def test_server_fetches_allowed_media_urls(server):
+    from test_media import MediaHost
+
+    host = MediaHost()
+    try:
+        by_url = post(server, {"state": "x", "questions": QUESTIONS, "images": [f"{host.base}/cat.png"]})
+        inline = post(server, {"state": "x", "questions": QUESTIONS, "images": [data_url("image/png", png(300, 200))]})
+        assert by_url.status == 200 and by_url.json()["answers"] == inline.json()["answers"]
+        redirected = post(server, {"state": "x", "questions": QUESTIONS, "images": [f"{host.base}/moved.png"]})
+        assert redirected.status == 400 and "redirects" in redirected.json()["error"]["message"]
+    finally:
+        host.server.shutdown()
 
 
 @pytest.mark.parametrize(
@@ -146,7 +162,7 @@ def test_server_answers_image_and_video_requests(server, packages):
         ({"images": [data_url("image/png", png(64, 64)[:60])]}, 400, "not a valid image/png"),
         ({"images": [data_url("image/jpeg", png(64, 64))]}, 400, "not a valid image/jpeg"),
         ({"images": [data_url("image/png", png_header_only(20_000, 20_000))]}, 413, "decompression bomb"),
-        ({"images": ["https://example.com/cat.png"]}, 400, "disabled"),
+        ({"images": ["https://example.com/cat.png"]}, 400, "not on this server's media URL allow-list"),
         ({"images": "data:image/png;base64,AAAA"}, 400, "list"),
         ({"videos": [data_url("video/mp4", mp4(0))]}, 400, "video"),
         ({"videos": [data_url("video/mp4", b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 40)]}, 400, "not a decodable video"),

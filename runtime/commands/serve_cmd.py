@@ -65,6 +65,9 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         batch_window_ms=args.batch_window_ms,
         max_batch_tokens=args.max_batch_tokens,
         shared_min_tokens=args.shared_min_tokens,
+        media_url_allow=tuple(h.strip() for h in (args.media_url_allow or "").split(",") if h.strip()),
+        media_url_allow_private=args.media_url_allow_private,
+        media_url_timeout_s=args.media_url_timeout,
         cache_dir=args.cache_dir,
         offline=args.offline,
         log_level=args.log_level,
@@ -102,6 +105,12 @@ def register(sub) -> None:
         "--shared-min-tokens", type=int, default=64,
         help="shared_context: share a request's prefix only when (questions - 1) x prefix tokens reaches this",
     )  # fmt: skip
+    parser.add_argument(
+        "--media-url-allow", help="Decision 3.0 media: hosts whose http(s) image/video URLs may be fetched "
+        "(comma list; *.example.com for subdomains, * for any); default: only data URLs",
+    )  # fmt: skip
+    parser.add_argument("--media-url-allow-private", action="store_true", help="also fetch from loopback/private addresses")
+    parser.add_argument("--media-url-timeout", type=float, default=10.0, help="seconds per media URL fetch")
     parser.add_argument("--served-model-name")
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")

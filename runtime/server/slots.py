@@ -41,6 +41,12 @@ class ModelSlot:
                 base_path=self.spec.base_path,
                 shared_min_tokens=self.config.shared_min_tokens,
             )
+            if hasattr(model.family, "url_policy"):
+                from runtime.families.decision3.media_urls import UrlPolicy
+
+                model.family.url_policy = UrlPolicy(
+                    tuple(self.config.media_url_allow), self.config.media_url_allow_private, self.config.media_url_timeout_s
+                )
             self.state = "warming"
             first, second = model.ask("warm-up", WARMUP_QUESTIONS), model.ask("warm-up", WARMUP_QUESTIONS)
             if first != second or "error" in first["warmup"]:

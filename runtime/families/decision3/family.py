@@ -15,6 +15,7 @@ from runtime.families.backbones import build_text_model, read_tensors, text_conf
 from runtime.families.base import Batch, Family
 from runtime.families.decision3 import package as pkg
 from runtime.families.decision3.media import MediaLimits, decode_media
+from runtime.families.decision3.media_urls import UrlPolicy
 from runtime.families.decision3.prompt import BATCH_SIZE, NUM_CODES, RenderedQuestion, batch_rows, derive_codes, media_rows, render_question
 from runtime.families.decision3.vision import VisionInputs, mrope_positions, prepare
 from runtime.families.decision3.readout import CodeReadout, answer_from_probabilities
@@ -126,6 +127,7 @@ class Decision3Family(Family):
             raise PackageError("codes / token_ids differ from the ones the tokenizer yields", "decision_config.json")
         self.codes = codes
         self.media_limits = MediaLimits()
+        self.url_policy = UrlPolicy()  # http(s) media URLs: off unless the server allows hosts
         self._check_chat_template(root)
         self._check_special_ids()
 
@@ -225,7 +227,7 @@ class Decision3Family(Family):
             return super().prepare_media(images, videos)
         if not self.package.has_vision:
             raise InvalidRequest(f"model {self.model_name} has no vision tower; it does not accept images or videos")
-        decoded_images, decoded_videos = decode_media(images, videos, self.media_limits)
+        decoded_images, decoded_videos = decode_media(images, videos, self.media_limits, self.url_policy)
         processor = self.package.processor_config
         return prepare(decoded_images, decoded_videos, processor["image_mean"], processor["image_std"])
 
@@ -273,5 +275,5 @@ class Decision3Family(Family):
             }
         )
         if self.package.has_vision:
-            card["media_limits"] = self.media_limits.card()
+            card["media_limits"] = {**self.media_limits.card(), **self.url_policy.card()}
         return card

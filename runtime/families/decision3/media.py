@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runtime.errors import InvalidRequest, RequestTooLarge
+from runtime.families.decision3.media_urls import UrlPolicy, fetch
 
 IMAGE_MIME = {"image/png": "PNG", "image/jpeg": "JPEG", "image/webp": "WEBP"}
 VIDEO_MIME = ("video/mp4", "video/webm", "video/quicktime", "video/x-matroska")
@@ -122,12 +123,13 @@ def pair_timestamps(indices: list[int], fps: float) -> list[float]:
     return [(indices[i] / fps + indices[i + TEMPORAL - 1] / fps) / 2 for i in range(0, len(indices), TEMPORAL)]
 
 
-def decode_data_url(url: object, allowed: tuple[str, ...] | dict, max_bytes: int, what: str) -> tuple[str, bytes]:
-    """(mime, payload) of a base64 data URL; the encoded length is checked before decoding."""
+def decode_data_url(url: object, allowed: tuple[str, ...] | dict, max_bytes: int, what: str, urls: UrlPolicy = UrlPolicy()) -> tuple[str, bytes]:
+    """(mime, payload) of a base64 data URL (the encoded length is checked before decoding), or of an
+    http(s) URL when `urls` allows its host."""
     if not isinstance(url, str):
         raise InvalidRequest(f"{what} must be a data URL string")
     if url.startswith(("http://", "https://")):
-        raise InvalidRequest(f"{what}: http(s) URLs are disabled on this server; send a base64 data URL")
+        return fetch(url, urls, tuple(allowed), max_bytes, what)
     match = DATA_URL.match(url)
     if not match:
         raise InvalidRequest(f"{what} is not a base64 data URL (data:<mime>;base64,...)")
@@ -148,10 +150,10 @@ def decode_data_url(url: object, allowed: tuple[str, ...] | dict, max_bytes: int
     return mime, payload
 
 
-def decode_image(url: object, limits: MediaLimits = MediaLimits(), what: str = "images[0]") -> DecodedImage:
+def decode_image(url: object, limits: MediaLimits = MediaLimits(), what: str = "images[0]", urls: UrlPolicy = UrlPolicy()) -> DecodedImage:
     from PIL import Image
 
-    mime, payload = decode_data_url(url, IMAGE_MIME, limits.image_bytes, what)
+    mime, payload = decode_data_url(url, IMAGE_MIME, limits.image_bytes, what, urls)
     try:
         with Image.open(io.BytesIO(payload), formats=[IMAGE_MIME[mime]]) as image:
             width, height = image.size  # header only: nothing decoded yet
@@ -168,12 +170,12 @@ def decode_image(url: object, limits: MediaLimits = MediaLimits(), what: str = "
     return DecodedImage(pixels=_resize(rgb, new_height, new_width), height=new_height, width=new_width)
 
 
-def decode_video(url: object, limits: MediaLimits = MediaLimits(), what: str = "videos[0]") -> DecodedVideo:
+def decode_video(url: object, limits: MediaLimits = MediaLimits(), what: str = "videos[0]", urls: UrlPolicy = UrlPolicy()) -> DecodedVideo:
     try:
         import av
     except ImportError:
         raise InvalidRequest("videos need PyAV on the server (pip install 'vllm-sr-runtime[media]')") from None
-    _, payload = decode_data_url(url, VIDEO_MIME, limits.video_bytes, what)
+    _, payload = decode_data_url(url, VIDEO_MIME, limits.video_bytes, what, urls)
     try:
         with av.open(io.BytesIO(payload), mode="r") as container:
             if not container.streams.video:
@@ -219,13 +221,15 @@ def decode_video(url: object, limits: MediaLimits = MediaLimits(), what: str = "
     )  # fmt: skip
 
 
-def decode_media(images: object, videos: object, limits: MediaLimits = MediaLimits()) -> tuple[list[DecodedImage], list[DecodedVideo]]:
+def decode_media(
+    images: object, videos: object, limits: MediaLimits = MediaLimits(), urls: UrlPolicy = UrlPolicy()
+) -> tuple[list[DecodedImage], list[DecodedVideo]]:
     """A request's `images` and `videos` lists, every limit enforced (the video token budget over all)."""
-    decoded_images = [decode_image(url, limits, f"images[{i}]") for i, url in enumerate(_as_list(images, "images"))]
+    decoded_images = [decode_image(url, limits, f"images[{i}]", urls) for i, url in enumerate(_as_list(images, "images"))]
     decoded_videos = []
     tokens = 0
     for i, url in enumerate(_as_list(videos, "videos")):
-        video = decode_video(url, limits, f"videos[{i}]")
+        video = decode_video(url, limits, f"videos[{i}]", urls)
         tokens += video.tokens
         if tokens > limits.video_tokens:
             raise RequestTooLarge(f"videos need {tokens}+ visual tokens, over {limits.video_tokens} per request")

@@ -126,7 +126,7 @@ def export_family(
             bar.update()
             shared = None
             if shared_context:
-                shared = _export_shared(family, module, engine, temp, dtype, opset, phase, bar)
+                shared = _export_shared(family, module, engine, temp, dtype, opset, phase, bar, keep_fp32)
             phase("finalize")
             manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, smoke, shared)
             write_manifest(temp, manifest)
@@ -203,7 +203,9 @@ def _quantized(model: onnx.ModelProto, temp: Path, keep_fp32: set[str] = frozens
         shutil.rmtree(staging)
 
 
-def _export_shared(family: Family, module: torch.nn.Module, engine: Any, temp: Path, dtype: str, opset: int, phase, bar) -> dict:
+def _export_shared(
+    family: Family, module: torch.nn.Module, engine: Any, temp: Path, dtype: str, opset: int, phase, bar, keep_fp32: set[str]
+) -> dict:
     """The shared_context graph: traced from forward_shared, written against the main graph's weights,
     smoke-tested against the eager module's forward_shared."""
     from runtime.engines.onnxruntime import OrtEngine
@@ -216,7 +218,6 @@ def _export_shared(family: Family, module: torch.nn.Module, engine: Any, temp: P
     trim_contrib_outputs(model)
     bar.update()
     phase("shared write")
-    keep_fp32 = _head_weight_hashes(module) if dtype == "int8" else set()
     weights = _write_graph(model, temp, dtype, SHARED_MODEL_FILE, SHARED_DATA_FILE, base=temp / MODEL_FILE, keep_fp32=keep_fp32)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": _io_schema(model.graph.input), "outputs": _io_schema(model.graph.output)}

@@ -39,8 +39,9 @@ def worth_sharing(count: int, prefix_length: int, min_saved_tokens: int) -> bool
     return count > 1 and prefix_length > 0 and (count - 1) * prefix_length >= min_saved_tokens
 
 
-def suffix_arrays(items: list[Any], prefix_length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Right-padded suffix ids, their mask, and each row's last real position (the readout position)."""
+def suffix_arrays(items: list[Any], prefix_length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The shared prefix ids [1, P], the right-padded suffix ids, their mask, and each row's last real
+    position (the readout position)."""
     suffixes = [item.token_ids[prefix_length:] for item in items]
     width = max(len(s) for s in suffixes)
     ids = np.full((len(items), width), pad_id, dtype=np.int64)
@@ -49,7 +50,8 @@ def suffix_arrays(items: list[Any], prefix_length: int, pad_id: int) -> tuple[np
         ids[row, : len(suffix)] = suffix
         mask[row, : len(suffix)] = 1
     last = np.array([len(s) - 1 for s in suffixes], dtype=np.int64)
-    return ids, mask, last
+    prefix = np.asarray(items[0].token_ids[:prefix_length], dtype=np.int64)[None]
+    return prefix, ids, mask, last
 
 
 def _full_attention_mask(query_valid: torch.Tensor, prefix_length: int, causal: bool) -> torch.Tensor:

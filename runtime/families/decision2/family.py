@@ -172,14 +172,13 @@ class Decision2Family(Family):
         return item.option_ends[0]  # every option endpoint (and the query) stays in the suffix
 
     def shared_rows(self, prefix_length: int, items: list[RenderedQuestion]) -> dict[str, np.ndarray]:
-        input_ids, attention_mask, query_index = suffix_arrays(items, prefix_length, self.pad_id)
+        prefix_ids, input_ids, attention_mask, query_index = suffix_arrays(items, prefix_length, self.pad_id)
         widest = max(len(item.option_ends) for item in items)
         option_index = np.zeros((len(items), widest), dtype=np.int64)
         option_mask = np.zeros((len(items), widest), dtype=bool)
         for row, item in enumerate(items):
             option_index[row, : len(item.option_ends)] = [end - prefix_length for end in item.option_ends]
             option_mask[row, : len(item.option_ends)] = True
-        prefix_ids = np.asarray(items[0].token_ids[:prefix_length], dtype=np.int64)[None]
         return {
             "prefix_ids": prefix_ids, "input_ids": input_ids, "attention_mask": attention_mask,
             "option_index": option_index, "option_mask": option_mask, "query_index": query_index,

@@ -253,11 +253,10 @@ class Decision3Family(Family):
         return len(item.token_ids) - 1  # the readout token stays in the suffix
 
     def shared_rows(self, prefix_length: int, items: list[RenderedQuestion]) -> dict[str, np.ndarray]:
-        input_ids, attention_mask, query_index = suffix_arrays(items, prefix_length, self.pad_id)
+        prefix_ids, input_ids, attention_mask, query_index = suffix_arrays(items, prefix_length, self.pad_id)
         option_mask = np.zeros((len(items), NUM_CODES), dtype=bool)
         for row, item in enumerate(items):
             option_mask[row, : len(item.question.options)] = True
-        prefix_ids = np.asarray(items[0].token_ids[:prefix_length], dtype=np.int64)[None]
         return {"prefix_ids": prefix_ids, "input_ids": input_ids, "attention_mask": attention_mask, "query_index": query_index, "option_mask": option_mask}
 
     def answer(self, item: RenderedQuestion, output_row: np.ndarray) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from runtime.errors import PackageError
@@ -74,7 +75,7 @@ class Decision3Package:
     def has_vision(self) -> bool:
         return self.vision_prefix is not None and "vision_config" in self.config
 
-    @property
+    @cached_property
     def processor_config(self) -> dict:
         """preprocessor_config.json (normalization and patching of images; videos use the same values)."""
         path = self.root / "preprocessor_config.json"

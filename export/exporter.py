@@ -79,7 +79,10 @@ def export_family(
         raise ArtifactError(f"--dtype {dtype} export is not supported yet (supported: {', '.join(SUPPORTED_DTYPES)})")
     if shared_context and variant == "portable":
         raise ArtifactError("--shared-context needs the contrib variant (the portable GDN lowering has no past-state input yet)")
-    bar = tqdm(total=len(PHASES) + (len(SHARED_PHASES) if shared_context else 0), desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
+    from export.media_graphs import MEDIA_PHASES, export_media, has_media_graphs
+
+    phase_count = len(PHASES) + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if getattr(family.package, "has_vision", False) else 0)
+    bar = tqdm(total=phase_count, desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
 
     def phase(name: str) -> None:
         bar.set_postfix_str(name)
@@ -90,7 +93,7 @@ def export_family(
         sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
         bar.update()
         phase("trace")
-        model = _trace(family, module, sample, opset)
+        model = _trace(module, sample, opset, family.input_names, family.dynamic_axes, family.output_name)
         bar.update()
         phase("lower")
         trim_contrib_outputs(model)
@@ -127,8 +130,11 @@ def export_family(
             shared = None
             if shared_context:
                 shared = _export_shared(family, module, engine, temp, dtype, opset, phase, bar, keep_fp32)
+            media = None
+            if has_media_graphs(module):
+                media = export_media(family, module, engine, temp, variant=variant, dtype=dtype, opset=opset, phase=phase, bar=bar, keep_fp32=keep_fp32)
             phase("finalize")
-            manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, smoke, shared)
+            manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, smoke, shared, media)
             write_manifest(temp, manifest)
             bar.update()
     finally:
@@ -214,7 +220,8 @@ def _export_shared(
     plan = family.share(family.plan(SMOKE_STATE, SMOKE_QUESTIONS), 0)
     if not plan.batches[0].shared:
         raise ArtifactError("the smoke questions share no prefix; cannot trace the shared_context graph")
-    model = _trace(family, module, plan.batches[0].inputs, opset, shared=True)
+    inputs = plan.batches[0].inputs
+    model = _trace(module, inputs, opset, family.shared_input_names, family.shared_dynamic_axes, family.output_name, "forward_shared")
     trim_contrib_outputs(model)
     bar.update()
     phase("shared write")
@@ -276,12 +283,13 @@ def _translation_table(module: torch.nn.Module) -> dict:
     }
 
 
-def _trace(family: Family, module: torch.nn.Module, sample: dict[str, np.ndarray], opset: int, shared: bool = False) -> onnx.ModelProto:
-    """torch.onnx (dynamo) trace of the module's forward, or of its forward_shared with `shared`; both
-    traces name parameters alike, which lets the second graph reuse the first one's weights file."""
-    input_names = family.shared_input_names if shared else family.input_names
-    dynamic_axes = family.shared_dynamic_axes if shared else family.dynamic_axes
-    kwargs = {name: torch.from_numpy(sample[name]) for name in input_names}
+def _trace(
+    module: torch.nn.Module, sample: dict[str, np.ndarray], opset: int, input_names, dynamic_axes: dict, output_name: str,
+    method: str = "forward", translations: dict | None = None,
+) -> onnx.ModelProto:  # fmt: skip
+    """torch.onnx (dynamo) trace of one of the module's methods (forward, forward_shared, forward_features);
+    traces of one module name parameters alike, which lets later graphs reuse the main graph's weights file."""
+    kwargs = {name: torch.from_numpy(np.ascontiguousarray(sample[name])) for name in input_names}
     dims: dict[str, torch.export.Dim] = {}
     dynamic_shapes = {}
     for name in input_names:
@@ -290,36 +298,25 @@ def _trace(family: Family, module: torch.nn.Module, sample: dict[str, np.ndarray
             dims.setdefault(label, torch.export.Dim(label, min=1, max=1 << 20))
             axes[axis] = dims[label]
         dynamic_shapes[name] = axes
-    if shared:
-        module.forward = module.forward_shared  # the instance attribute wins in nn.Module.__call__
+    if method != "forward":
+        module.forward = getattr(module, method)  # the instance attribute wins in nn.Module.__call__
     try:
         with patched_gdn(module), torch.inference_mode(False), torch.no_grad():
-            program = _export_call(module, kwargs, dynamic_shapes, opset, input_names, family.output_name)
+            program = torch.onnx.export(
+                module, (), kwargs=kwargs, dynamic_shapes=dynamic_shapes, dynamo=True, opset_version=opset,
+                custom_translation_table=_translation_table(module) if translations is None else translations,
+                input_names=list(input_names), output_names=[output_name], optimize=True, verbose=False,
+            )  # fmt: skip
     finally:
-        if shared:
+        if method != "forward":
             del module.forward
     return program.model_proto
 
 
-def _export_call(module, kwargs, dynamic_shapes, opset, input_names, output_name):
-    return torch.onnx.export(
-        module,
-        (),
-        kwargs=kwargs,
-        dynamic_shapes=dynamic_shapes,
-        dynamo=True,
-        opset_version=opset,
-        custom_translation_table=_translation_table(module),
-        input_names=list(input_names),
-        output_names=[output_name],
-        optimize=True,
-        verbose=False,
-    )
-
-
-def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact") -> dict:
+def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact", media: Any = None) -> dict:
     """Eager module vs the graph on the smoke questions at two batch shapes: max |dp| and decisions changed.
-    Under shared_context both sides share every multi-question request's prefix."""
+    Under shared_context both sides share every multi-question request's prefix; with `media` (prepared
+    images/videos) every request reads them."""
     from runtime.engines.torch import TorchEngine
     from runtime.model import DecisionModel
     from runtime.devices import parse_device
@@ -331,7 +328,10 @@ def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: 
     worst, changed, count = 0.0, 0, 0
     for questions in (SMOKE_QUESTIONS, {"reasoning": SMOKE_QUESTIONS["reasoning"]}):
         for state in (SMOKE_STATE, {"user": "hi", "history": [1, 2, 3]}):
-            left, right = eager.ask(state, questions), graph.ask(state, questions)
+            if media is None:
+                left, right = eager.ask(state, questions), graph.ask(state, questions)
+            else:
+                left, right = (model.execute(family.plan(state, questions, media=media)).answers for model in (eager, graph))
             for key, answer in left.items():
                 count += 1
                 a, b = _distribution(answer), _distribution(right[key])
@@ -362,7 +362,9 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _manifest(family: Family, model_path: Path, variant: str, dtype: str, opset: int, counts: dict, smoke: dict, shared: dict | None) -> dict:
+def _manifest(
+    family: Family, model_path: Path, variant: str, dtype: str, opset: int, counts: dict, smoke: dict, shared: dict | None, media: dict | None
+) -> dict:
     package = family.package
     model = onnx.load(str(model_path), load_external_data=False)
     return {
@@ -386,4 +388,5 @@ def _manifest(family: Family, model_path: Path, variant: str, dtype: str, opset:
         "tools": {name: _version(name) for name in ("vllm-sr-runtime", "torch", "transformers", "onnx", "onnxscript", "onnxruntime")},
         "smoke_parity": smoke,
         "shared_context": shared,  # the forward_shared graph, when exported with --shared-context
+        "media": media,  # the vision and media text graphs, for packages with a vision tower
     }

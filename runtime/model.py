@@ -41,7 +41,7 @@ class DecisionModel:
 
     @property
     def reads_media(self) -> bool:
-        return hasattr(self.engine, "forward_media")
+        return bool(getattr(self.engine, "reads_media", False))
 
     @property
     def name(self) -> str:
@@ -61,8 +61,8 @@ class DecisionModel:
         saves enough work."""
         if (images or videos) and not self.reads_media and "image" in self.family.card().get("modalities", []):
             raise InvalidRequest(
-                f"profile {self.profile} of model {self.name} runs on {self.engine.name}, which cannot read images or videos yet; "
-                "send media to a model served under profile exact"
+                f"profile {self.profile} of model {self.name} runs on an {self.engine.name} artifact without a vision graph, so it "
+                "cannot read images or videos; re-export the artifact with this version (it adds vision.onnx), or send media to profile exact"
             )
         plan = self.family.plan(state, questions, images=images, videos=videos)
         if (profile or self.profile) == "shared_context":

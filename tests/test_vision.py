@@ -76,6 +76,25 @@ def test_whole_forward_matches_transformers_qwen3_5_model(packages, reference):
     assert torch.allclose(got, expected, atol=1e-6, rtol=0)
 
 
+def test_segmented_tower_matches_transformers_tower(packages):
+    """The traced vision module runs equal-size attention segments as one batch; reassembled, its output is
+    transformers' tower output on images of two sizes and a 3-group video (grids in patches)."""
+    from export.vision_graph import SegmentedVision
+    from runtime.families.decision3.vision_segments import VisionLayout, assemble, segment_groups
+
+    visual = runtime.load(packages["d3_vision"]).engine.module.visual
+    grid = np.array([[1, 4, 6], [1, 4, 4], [3, 4, 4], [1, 2, 2]])
+    pixels = np.random.default_rng(0).standard_normal((int(grid.prod(1).sum()), 3 * 2 * 16 * 16)).astype(np.float32)
+    layout = VisionLayout.of(visual)
+    groups = segment_groups(pixels, grid, layout)
+    assert [group.segments for group in groups] == [[0], [1, 2, 3, 4], [5]]  # the 4x4 image and the video's groups batch together
+    with torch.no_grad():
+        expected = visual(torch.from_numpy(pixels), grid_thw=torch.from_numpy(grid)).pooler_output.numpy()
+        outputs = [SegmentedVision(visual)(**tensors(group.inputs)).numpy() for group in groups]
+    got = assemble(groups, outputs, grid, 4)
+    assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-5
+
+
 def test_image_patches_match_the_qwen2_vl_processor(packages):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -199,11 +218,54 @@ def test_parity_suite_reads_media(packages, tmp_path):
     assert set(summary["abs_diff_by_media"]) == {"image", "video", "image+video"}
 
 
-def test_max_speed_refuses_media_until_the_vision_graph_exists(packages, tmp_path):
+@pytest.fixture(scope="module")
+def vision_artifact(packages, tmp_path_factory):
     from export.exporter import export_package
 
-    artifact = tmp_path / "artifact"
+    artifact = tmp_path_factory.mktemp("vision-artifact") / "artifact"
     export_package(packages["d3_vision"], artifact, progress=False)
+    return artifact
+
+
+def test_max_speed_answers_media_like_exact(packages, vision_artifact):
+    """The artifact's vision graph (per attention segment) and media text graph against the eager tower:
+    images of two sizes, a video, both, and text alone (which stays on the token-id graph)."""
+    import json
+
+    artifact = vision_artifact
+    manifest = json.loads((artifact / "artifact.json").read_text())
+    assert {io["name"] for io in manifest["media"]["vision"]["io"]["inputs"]} == {"pixel_values", "interp_indices", "interp_weights", "position_ids"}
+    assert [io["shape"] for io in manifest["media"]["text"]["io"]["inputs"] if io["name"] == "position_ids"] == [[3, "batch", "sequence"]]
+    assert manifest["media"]["text"]["weights_from_main"] > 0
+    exact = runtime.load(packages["d3_vision"])
+    fast = runtime.load(packages["d3_vision"], profile="max_speed", artifact=artifact)
+    small = data_url("image/png", noisy_png(400, 170, seed=3))
+    requests = [([IMAGE], None), (None, [VIDEO]), ([IMAGE, small], [VIDEO]), (None, None)]
+    worst = 0.0
+    for images, videos in requests:
+        expected, got = exact.respond("Describe the media.", QUESTIONS, images, videos), fast.respond("Describe the media.", QUESTIONS, images, videos)
+        assert got.input_tokens == expected.input_tokens
+        for key, answer in expected.answers.items():
+            a = np.array(list(answer["probabilities"].values())) if "probabilities" in answer else np.array([answer["noul"]])
+            b = np.array(list(got.answers[key]["probabilities"].values())) if "probabilities" in answer else np.array([got.answers[key]["noul"]])
+            worst = max(worst, float(np.abs(a - b).max()))
+    assert worst <= 1e-4
+
+
+def test_artifacts_without_the_vision_graph_refuse_media(packages, vision_artifact, tmp_path):
+    import json
+    import shutil
+
+    from export.artifact import write_manifest
+
+    artifact = tmp_path / "artifact"
+    shutil.copytree(vision_artifact, artifact)
+    manifest = json.loads((artifact / "artifact.json").read_text())
+    for graph in ("vision", "text"):
+        for file in artifact.glob(manifest["media"][graph]["model_file"] + "*"):
+            file.unlink()
+    manifest["media"] = None  # as exported before the media graphs existed
+    write_manifest(artifact, {key: value for key, value in manifest.items() if key != "files"})
     fast = runtime.load(packages["d3_vision"], profile="max_speed", artifact=artifact)
     with pytest.raises(InvalidRequest, match="cannot read images"):
         fast.plan("x", QUESTIONS, images=[IMAGE])

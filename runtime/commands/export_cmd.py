@@ -33,6 +33,13 @@ def run(args: argparse.Namespace) -> int:
             f"shared_context graph: {shared['model_file']} ({shared['weights_from_main']} weights read from the main graph's file); "
             f"smoke parity max |dp| {shared['smoke_parity']['max_abs_diff']:.2e}"
         )
+    media = manifest.get("media")
+    if media:
+        worst = max(result["max_abs_diff"] for result in media["smoke_parity"].values())
+        print(
+            f"media graphs: {media['vision']['model_file']} (vision tower, per attention segment) and {media['text']['model_file']} "
+            f"({media['text']['weights_from_main']} weights read from the main graph's file); smoke parity on images and video max |dp| {worst:.2e}"
+        )
     return 0
 
 

@@ -27,6 +27,10 @@ class PerturbedEngine:
     def forward_media(self, inputs):
         return self._noisy(self.engine.forward_media(inputs))
 
+    @property
+    def reads_media(self) -> bool:
+        return bool(getattr(self.engine, "reads_media", False))
+
     def _noisy(self, output):
         noise = self.rng.normal(0.0, self.scale, size=output.shape).astype(output.dtype)
         return output * np.exp(noise) if self.probabilities else output + noise

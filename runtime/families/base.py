@@ -43,6 +43,10 @@ class Family(ABC):
     output_name: ClassVar[str]
     # Axis names of each input that vary between calls (one exported graph serves them all).
     dynamic_axes: ClassVar[dict[str, dict[int, str]]]
+    # Families whose module reads images/videos: the inputs and axes of its forward_features (text tower over
+    # the vision tower's features); empty for text-only families.
+    media_input_names: ClassVar[tuple[str, ...]] = ()
+    media_dynamic_axes: ClassVar[dict[str, dict[int, str]]] = {}
 
     def __init__(self, ref: PackageRef, package: Any):
         self.ref = ref
@@ -154,9 +158,11 @@ class Family(ABC):
     def media_batches(self, rendered: list[Any], media: Any) -> list[Batch]:
         raise NotImplementedError
 
-    def plan(self, state: Any, questions: Any, images: Any = None, videos: Any = None) -> Plan:
+    def plan(self, state: Any, questions: Any, images: Any = None, videos: Any = None, *, media: Any = None) -> Plan:
+        """`media`: already prepared (what prepare_media returns), in place of `images` / `videos`."""
         plan = Plan(questions=parse_questions(questions))
-        media = self.prepare_media(images, videos)
+        if media is None:
+            media = self.prepare_media(images, videos)
         rendered = []
         for question in plan.questions:
             if question.problem is not None:

@@ -60,6 +60,7 @@ class OrtEngine:
         self.device_kind, self.device_index = device_kind, device_index
         self.input_names = [i.name for i in session.get_inputs()]
         self.shared_session = None  # the shared_context graph, when attached
+        self.media = None  # the vision and media text graphs (MediaGraphs), when attached
         self.optimized_cache: Path | None = None
         self.optimized_cache_use: str | None = None  # "hit" (opened the saved optimized graph), "stored", None
 
@@ -76,8 +77,26 @@ class OrtEngine:
         """Open the artifact's shared_context graph next to the main one (same provider and options)."""
         self.shared_session, _ = open_session(model_path, self.device_kind, self.device_index, self.optimized_cache)
 
+    def attach_media(self, vision_path: Path, text_path: Path, layout) -> None:
+        """Open the artifact's vision graph and media text graph (requests with images/videos)."""
+        from runtime.engines.onnxruntime.media import open_media_graphs
+
+        def open_graph(path: Path):
+            return open_session(path, self.device_kind, self.device_index, self.optimized_cache)[0]
+
+        self.media = open_media_graphs(vision_path, text_path, layout, self.output_name, open_graph)
+
+    @property
+    def reads_media(self) -> bool:
+        return self.media is not None
+
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return _run(self.session, self.output_name, inputs)
+
+    def forward_media(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        if self.media is None:
+            raise ArtifactError("this artifact has no vision graph; re-export it from a package with a vision tower")
+        return self.media.forward(inputs)
 
     def forward_shared(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         if self.shared_session is None:

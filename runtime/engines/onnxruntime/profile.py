@@ -29,11 +29,21 @@ def ensure_cached_artifact(family: Family, variant: str, cache_dir=None) -> Path
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "artifact.json").is_file() and _lacks_media_graphs(family, target):
+            import shutil
+
+            shutil.rmtree(target)  # exported before artifacts held the vision graphs: export again
         if not (target / "artifact.json").is_file():
             from export.exporter import export_family
 
             export_family(family, target, variant=variant, dtype="fp32", progress=False)
     return target
+
+
+def _lacks_media_graphs(family: Family, artifact: Path) -> bool:
+    import json
+
+    return bool(getattr(family.package, "has_vision", False)) and not json.loads((artifact / "artifact.json").read_text()).get("media")
 
 
 def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir=None, shared_context: bool = False, **_: object):
@@ -64,6 +74,11 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
         if not shared:
             raise ArtifactError(f"artifact {artifact} has no shared_context graph; export it with --shared-context")
         engine.attach_shared(artifact / shared["model_file"])
+    media = manifest.get("media")
+    if media:
+        from runtime.families.decision3.vision_segments import VisionLayout
+
+        engine.attach_media(artifact / media["vision"]["model_file"], artifact / media["text"]["model_file"], VisionLayout(**media["vision"]["layout"]))
     engine.artifact = manifest
     engine.model_path = artifact / manifest["model_file"]
     return engine, manifest["dtype"]

@@ -29,6 +29,10 @@ class TorchEngine:
             output = self.module.forward_shared(**self._tensors(inputs, self.shared_input_names))
         return output.float().cpu().numpy()
 
+    @property
+    def reads_media(self) -> bool:
+        return getattr(self.module, "visual", None) is not None
+
     def forward_media(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """Rows that read images/videos: the vision tower, its features in place of the placeholders."""
         with torch.inference_mode():

@@ -14,7 +14,7 @@ from runtime.errors import InvalidRequest, PackageError
 from runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
 from runtime.families.base import Batch, Family
 from runtime.families.decision3 import package as pkg
-from runtime.families.decision3.media import MediaLimits, decode_media
+from runtime.families.decision3.media import DecodedImage, DecodedVideo, MediaLimits, decode_media, pair_timestamps
 from runtime.families.decision3.media_urls import UrlPolicy
 from runtime.families.decision3.prompt import BATCH_SIZE, NUM_CODES, RenderedQuestion, batch_rows, derive_codes, media_rows, render_question
 from runtime.families.decision3.vision import VisionInputs, mrope_positions, prepare
@@ -80,17 +80,24 @@ class Decision3Module(torch.nn.Module):
         self, input_ids, attention_mask, position_ids, option_mask,
         pixel_values=None, image_grid_thw=None, pixel_values_videos=None, video_grid_thw=None,
     ):  # fmt: skip
-        """Rows of one request that reads images/videos: the vision tower runs once per request, its features
-        replace every row's placeholder tokens (images, then videos, as transformers' Qwen3_5Model does);
-        3-D (mrope) positions come in."""
+        """Rows of one request that reads images/videos: the vision tower runs once per request (images, then
+        videos, as transformers' Qwen3_5Model does) and its features fill every row's placeholders."""
+        return self.forward_features(
+            input_ids, attention_mask, position_ids, option_mask,
+            self.visual_features(pixel_values, image_grid_thw), self.visual_features(pixel_values_videos, video_grid_thw),
+        )  # fmt: skip
+
+    def visual_features(self, pixels, grid):
+        if pixels is None:
+            return self.text_model.embed_tokens.weight.new_zeros((0, self.text_model.config.hidden_size))
+        return self.visual(pixels.to(next(self.visual.parameters()).dtype), grid_thw=grid).pooler_output
+
+    def forward_features(self, input_ids, attention_mask, position_ids, option_mask, image_features, video_features):
+        """The text tower over token embeddings whose image/video placeholders hold the vision tower's features;
+        3-D (mrope) positions [3, rows, tokens]. The media text graph is traced from this."""
         embeds = self.text_model.embed_tokens(input_ids)
-        rows = input_ids.shape[0]
-        for pixels, grid, token in ((pixel_values, image_grid_thw, self.image_token_id), (pixel_values_videos, video_grid_thw, self.video_token_id)):
-            if pixels is None:
-                continue
-            features = self.visual(pixels.to(next(self.visual.parameters()).dtype), grid_thw=grid).pooler_output
-            mask = (input_ids == token).unsqueeze(-1)
-            embeds = embeds.masked_scatter(mask, features.to(embeds.dtype).repeat(rows, 1))
+        embeds = place_features(embeds, input_ids == self.image_token_id, image_features)
+        embeds = place_features(embeds, input_ids == self.video_token_id, video_features)
         output = self.text_model(
             inputs_embeds=embeds, attention_mask=self.attention_masks(embeds, attention_mask), position_ids=position_ids, use_cache=False
         )
@@ -105,6 +112,15 @@ class Decision3Module(torch.nn.Module):
         return self.readout(last, option_mask)
 
 
+def place_features(embeds: torch.Tensor, placeholders: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """Every row's k-th placeholder takes features[k] (all rows of a request hold the same placeholders in the
+    same order). A gather by per-row running count, not masked_scatter: it traces to plain ONNX ops, and a
+    leading zero row lets requests without this modality pass an empty feature table."""
+    index = torch.cumsum(placeholders.long(), dim=1) * placeholders
+    table = torch.cat([features.new_zeros((1, features.shape[-1])), features]).to(embeds.dtype)
+    return torch.where(placeholders.unsqueeze(-1), table[index], embeds)
+
+
 class Decision3Family(Family):
     name = "decision3"
     input_names = ("input_ids", "attention_mask", "position_ids", "option_mask")
@@ -115,6 +131,14 @@ class Decision3Family(Family):
         "attention_mask": {0: "batch", 1: "sequence"},
         "position_ids": {0: "batch", 1: "sequence"},
         "option_mask": {0: "batch"},
+    }
+    # The media text graph (Decision3Module.forward_features): placeholders filled by the vision graph's features.
+    media_input_names = ("input_ids", "attention_mask", "position_ids", "option_mask", "image_features", "video_features")
+    media_dynamic_axes = {
+        **{name: axes for name, axes in dynamic_axes.items() if name != "position_ids"},
+        "position_ids": {1: "batch", 2: "sequence"},
+        "image_features": {0: "image_tokens"},
+        "video_features": {0: "video_tokens"},
     }
 
     def __init__(self, ref: PackageRef, package: pkg.Decision3Package):
@@ -248,6 +272,15 @@ class Decision3Family(Family):
                     inputs[name] = getattr(media, name)
             batches.append(Batch(inputs=inputs, items=rendered[start : start + BATCH_SIZE], media=True))
         return batches
+
+    def sample_media(self, videos: bool = True) -> VisionInputs:
+        """Two images of different sizes and a 4-frame video, random but fixed: export traces and smoke parity."""
+        rng = np.random.default_rng(0)
+        images = [DecodedImage(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), h, w) for h, w in ((64, 96), (64, 64))]
+        indices = [0, 1, 2, 3]
+        video = DecodedVideo(rng.integers(0, 256, (4, 64, 64, 3), dtype=np.uint8), 64, 64, 2.0, indices, pair_timestamps(indices, 2.0))
+        processor = self.package.processor_config
+        return prepare(images, [video] if videos else [], processor["image_mean"], processor["image_std"])
 
     def share_limit(self, item: RenderedQuestion) -> int:
         return len(item.token_ids) - 1  # the readout token stays in the suffix

@@ -1,0 +1,44 @@
+"""Requests with images/videos on ONNX Runtime: the vision graph per group of equal-size segments, then the
+media text graph with the features in place of the placeholders (an artifact's "media" section)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from runtime.families.decision3.vision_segments import VisionLayout, assemble, segment_groups
+
+MODALITIES = (("pixel_values", "image_grid_thw", "image_features"), ("pixel_values_videos", "video_grid_thw", "video_features"))
+
+
+class MediaGraphs:
+    def __init__(self, vision_session, text_session, layout: VisionLayout, output_name: str):
+        self.vision = vision_session
+        self.text = text_session
+        self.layout = layout
+        self.output_name = output_name
+        self.vision_output = vision_session.get_outputs()[0].name
+        features = {value.name: value for value in text_session.get_inputs()}["image_features"]
+        self.hidden_size = int(features.shape[-1])
+
+    def features(self, pixel_values: np.ndarray | None, grid_thw: np.ndarray | None) -> np.ndarray:
+        """The vision tower's output for one modality, in transformers' order [merged tokens, hidden]."""
+        if pixel_values is None:
+            return np.zeros((0, self.hidden_size), dtype=np.float32)
+        groups = segment_groups(pixel_values, grid_thw, self.layout)
+        outputs = [self.vision.run([self.vision_output], group.inputs)[0] for group in groups]
+        return assemble(groups, outputs, grid_thw, self.layout.spatial_merge_size**2)
+
+    def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        feed = {}
+        for pixels, grid, name in MODALITIES:
+            feed[name] = self.features(inputs.get(pixels), inputs.get(grid))
+        for value in self.text.get_inputs():
+            if value.name not in feed:
+                feed[value.name] = np.ascontiguousarray(inputs[value.name])
+        return self.text.run([self.output_name], feed)[0].astype(np.float32, copy=False)
+
+
+def open_media_graphs(vision_path: Path, text_path: Path, layout: VisionLayout, output_name: str, open_session) -> MediaGraphs:
+    return MediaGraphs(open_session(vision_path), open_session(text_path), layout, output_name)

@@ -125,6 +125,20 @@ def test_media_changes_answers_and_counts_visual_tokens(packages):
     assert answers["bad"]["error"] == "invalid_question" and answers["what"] == seen["what"]
 
 
+def test_the_vision_tower_runs_once_per_request(packages):
+    """Twenty questions are three batches of rows; they share one pass of the tower (the engine keeps the
+    features of the request's pixel array) and answer as they would one by one."""
+    model = runtime.load(packages["d3_vision"])
+    calls = []
+    model.engine.module.visual.register_forward_hook(lambda *_: calls.append(1))
+    many = {f"q{i}": QUESTIONS["red"] for i in range(20)}
+    answers = model.ask("Describe the media.", many, images=[IMAGE], videos=[VIDEO])
+    assert len(calls) == 2  # the images once, the videos once
+    alone = model.ask("Describe the media.", {"q19": QUESTIONS["red"]}, images=[IMAGE], videos=[VIDEO])
+    assert len(calls) == 4  # a new request decodes new arrays: the tower runs again
+    assert abs(alone["q19"]["noul"] - answers["q19"]["noul"]) < 1e-6
+
+
 def test_text_only_models_refuse_media(packages):
     with pytest.raises(InvalidRequest, match="does not accept images"):
         runtime.load(packages["d3"]).plan("x", QUESTIONS, images=[IMAGE])

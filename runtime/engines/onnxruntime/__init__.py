@@ -79,12 +79,10 @@ class OrtEngine:
 
     def attach_media(self, vision_path: Path, text_path: Path, layout) -> None:
         """Open the artifact's vision graph and media text graph (requests with images/videos)."""
-        from runtime.engines.onnxruntime.media import open_media_graphs
+        from runtime.engines.onnxruntime.media import MediaGraphs
 
-        def open_graph(path: Path):
-            return open_session(path, self.device_kind, self.device_index, self.optimized_cache)[0]
-
-        self.media = open_media_graphs(vision_path, text_path, layout, self.output_name, open_graph)
+        vision, text = (open_session(path, self.device_kind, self.device_index, self.optimized_cache)[0] for path in (vision_path, text_path))
+        self.media = MediaGraphs(vision, text, layout, self.output_name)
 
     @property
     def reads_media(self) -> bool:

@@ -3,13 +3,10 @@ media text graph with the features in place of the placeholders (an artifact's "
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
+from runtime.engines.feature_memo import MODALITIES, FeatureMemo
 from runtime.families.decision3.vision_segments import VisionLayout, assemble, segment_groups
-
-MODALITIES = (("pixel_values", "image_grid_thw", "image_features"), ("pixel_values_videos", "video_grid_thw", "video_features"))
 
 
 class MediaGraphs:
@@ -21,6 +18,7 @@ class MediaGraphs:
         self.vision_output = vision_session.get_outputs()[0].name
         features = {value.name: value for value in text_session.get_inputs()}["image_features"]
         self.hidden_size = int(features.shape[-1])
+        self.memo = FeatureMemo()
 
     def features(self, pixel_values: np.ndarray | None, grid_thw: np.ndarray | None) -> np.ndarray:
         """The vision tower's output for one modality, in transformers' order [merged tokens, hidden]."""
@@ -33,12 +31,12 @@ class MediaGraphs:
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         feed = {}
         for pixels, grid, name in MODALITIES:
-            feed[name] = self.features(inputs.get(pixels), inputs.get(grid))
+            if inputs.get(pixels) is None:
+                feed[name] = self.features(None, None)
+            else:
+                feed[name] = self.memo.features(name, inputs[pixels], lambda: self.features(inputs[pixels], inputs[grid]))
         for value in self.text.get_inputs():
             if value.name not in feed:
                 feed[value.name] = np.ascontiguousarray(inputs[value.name])
         return self.text.run([self.output_name], feed)[0].astype(np.float32, copy=False)
 
-
-def open_media_graphs(vision_path: Path, text_path: Path, layout: VisionLayout, output_name: str, open_session) -> MediaGraphs:
-    return MediaGraphs(open_session(vision_path), open_session(text_path), layout, output_name)

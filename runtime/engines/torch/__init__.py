@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from runtime.engines.feature_memo import MODALITIES, VISION_INPUTS, FeatureMemo
+
 
 class TorchEngine:
     name = "torch"
@@ -14,6 +16,7 @@ class TorchEngine:
         self.device = device
         self.input_names = input_names
         self.shared_input_names = shared_input_names
+        self.memo = FeatureMemo()  # vision features of the request being answered
 
     def _tensors(self, inputs: dict[str, np.ndarray], names: tuple[str, ...]) -> dict[str, torch.Tensor]:
         return {name: torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self.device) for name in names}
@@ -34,7 +37,16 @@ class TorchEngine:
         return getattr(self.module, "visual", None) is not None
 
     def forward_media(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        """Rows that read images/videos: the vision tower, its features in place of the placeholders."""
+        """Rows that read images/videos: the vision tower (once per request), its features in place of the
+        placeholders (the module's forward_media, in two steps)."""
+        module = self.module
         with torch.inference_mode():
-            output = self.module.forward_media(**self._tensors(inputs, tuple(inputs)))
+            features = {name: self._features(inputs, pixels, grid, name) for pixels, grid, name in MODALITIES}
+            text = self._tensors(inputs, tuple(name for name in inputs if name not in VISION_INPUTS))
+            output = module.forward_features(**text, **features)
         return output.float().cpu().numpy()
+
+    def _features(self, inputs: dict[str, np.ndarray], pixels: str, grid: str, name: str) -> torch.Tensor:
+        if inputs.get(pixels) is None:
+            return self.module.visual_features(None, None)
+        return self.memo.features(name, inputs[pixels], lambda: self.module.visual_features(*self._tensors(inputs, (pixels, grid)).values()))

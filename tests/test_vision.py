@@ -284,3 +284,27 @@ def test_artifacts_without_the_vision_graph_refuse_media(packages, vision_artifa
     with pytest.raises(InvalidRequest, match="cannot read images"):
         fast.plan("x", QUESTIONS, images=[IMAGE])
     assert fast.ask("x", QUESTIONS)["red"]["type"] == "noul"  # text requests are unaffected
+
+
+def test_bench_forward_with_media(packages, vision_artifact, tmp_path):
+    """bench --media: every request carries the synthetic image and video on both profiles; the prompt
+    length counts their visual tokens."""
+    import json
+    import subprocess
+    import sys
+
+    from runtime.bench.media import IMAGE_SIZE, VIDEO_SIZE
+
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "bench", str(packages["d3_vision"]), "--artifact", str(vision_artifact), "--media", "image+video",
+         "--lengths", "100", "--questions", "1", "--repeats", "1", "--out", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert {row["profile"] for row in rows} == {"exact", "max_speed"} and {row["media"] for row in rows} == {"image+video"}
+    image_tokens = (IMAGE_SIZE[0] // 32) * (IMAGE_SIZE[1] // 32)
+    video_tokens = 4 * (VIDEO_SIZE[0] // 32) * (VIDEO_SIZE[1] // 32)  # 8 frames sampled at 2 fps from 4 s: 4 pairs
+    assert all(row["length"] > image_tokens + video_tokens for row in rows)
+    assert all(row["median_ms"] > 0 and row["ratio_to_exact"] > 0 for row in rows)

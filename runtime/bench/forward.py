@@ -12,8 +12,9 @@ from runtime.bench.flops import forward_flops
 FILLER = "The user asks about merging sorted lists, running time, and tests for edge cases. "
 
 
-def request_of_length(model: Any, length: int, questions: int) -> tuple[Any, dict, int]:
-    """A state padded so each question's prompt is about `length` tokens; returns (state, questions, tokens)."""
+def request_of_length(model: Any, length: int, questions: int, images: Any = None, videos: Any = None) -> tuple[Any, dict, int]:
+    """A state padded so each question's prompt is about `length` tokens (visual tokens included);
+    returns (state, questions, tokens)."""
     # Distinct questions, as a real multi-question request has (identical ones would flatter shared_context).
     qs = {
         f"q{i}": {"type": "choice", "instructions": f"Which domain fits? Judge aspect {i} of the request.", "criteria": {"code": "Programming", "math": "Math", "other": None}}
@@ -23,7 +24,7 @@ def request_of_length(model: Any, length: int, questions: int) -> tuple[Any, dic
     low, high = 0, length * 2
 
     def measure(state: str) -> int:
-        plan = model.plan(state, {"q0": qs["q0"]})
+        plan = model.plan(state, {"q0": qs["q0"]}, images=images, videos=videos)
         return len(plan.batches[0].items[0].token_ids) if plan.batches else length + 1
 
     best = ("", qs, measure(""))  # the shortest prompt this template allows, when `length` is below it
@@ -39,23 +40,30 @@ def request_of_length(model: Any, length: int, questions: int) -> tuple[Any, dic
     return best
 
 
-def run_forward(models: dict[str, Any], lengths: list[int], questions: list[int], repeats: int, limit_gflops: float, progress) -> list[dict]:
+def run_forward(
+    models: dict[str, Any], lengths: list[int], questions: list[int], repeats: int, limit_gflops: float, progress, media: str = "none"
+) -> list[dict]:
+    """With `media`, every request also carries a synthetic image and/or video; its rows' FLOPs count the
+    text tower only (the vision tower's work is on top)."""
+    from runtime.bench.media import synthetic_media
+
+    images, videos = synthetic_media(media)
     reference = next(iter(models.values()))
     config = reference.family.backbone_config()
     rows = []
     for length in lengths:
         for count in questions:
-            state, qs, tokens = request_of_length(reference, length, count)
-            plan = reference.plan(state, qs)
+            state, qs, tokens = request_of_length(reference, length, count, images, videos)
+            plan = reference.plan(state, qs, images=images, videos=videos)
             padded = sum(int(b.inputs["input_ids"].shape[0]) * int(b.inputs["input_ids"].shape[1]) for b in plan.batches)
             flops = sum(forward_flops(config, int(b.inputs["input_ids"].shape[0]), int(b.inputs["input_ids"].shape[1])) for b in plan.batches)
             for model in models.values():  # warm-up
-                model.ask(state, qs)
+                model.ask(state, qs, images, videos)
             samples: dict[str, list[float]] = {name: [] for name in models}
             for _ in range(repeats):
                 for name, model in models.items():
                     start = time.perf_counter()
-                    model.ask(state, qs)
+                    model.ask(state, qs, images, videos)
                     samples[name].append(time.perf_counter() - start)
                 progress()
             exact_median = float(np.median(samples["exact"])) if "exact" in samples else None
@@ -63,7 +71,7 @@ def run_forward(models: dict[str, Any], lengths: list[int], questions: list[int]
                 median = float(np.median(values))
                 rows.append(
                     {
-                        "profile": name, "length": tokens, "target_length": length, "questions": count, "concurrency": 1,
+                        "profile": name, "media": media, "length": tokens, "target_length": length, "questions": count, "concurrency": 1,
                         "median_ms": median * 1000, "p90_ms": float(np.quantile(values, 0.9)) * 1000,
                         "min_ms": min(values) * 1000, "max_ms": max(values) * 1000, "per_question_ms": median * 1000 / count,
                         "rps": 1.0 / median, "ratio_to_exact": (exact_median / median) if exact_median else None,

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         result["model"] = {"name": next(iter(models.values())).name, "family": next(iter(models.values())).family.name}
         lengths, questions = _ints(args.lengths), _ints(args.questions)
         bar = tqdm(total=len(lengths) * len(questions) * args.repeats, desc="bench forward", disable=args.quiet)
-        result["rows"] = run_forward(models, lengths, questions, args.repeats, limit, bar.update)
+        result["rows"] = run_forward(models, lengths, questions, args.repeats, limit, bar.update, media=args.media)
         bar.close()
         if args.ort_profile:
             result["ort_profile"] = profile_graphs(models, max(lengths))
@@ -175,6 +175,7 @@ def register(sub) -> None:
     parser.add_argument("--base-path")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--plot", action="store_true")
+    parser.add_argument("--media", default="none", choices=["none", "image", "video", "image+video"], help="forward: every request also carries a synthetic image (640x480) and/or video (4 s, 320x256); Decision 3.0 packages with a vision tower")
     parser.add_argument("--ort-profile", action="store_true", help="also profile each ONNX Runtime graph per op type (forward)")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(func=run)

@@ -81,7 +81,7 @@ def export_family(
         raise ArtifactError("--shared-context needs the contrib variant (the portable GDN lowering has no past-state input yet)")
     from export.media_graphs import MEDIA_PHASES, export_media, has_media_graphs
 
-    phase_count = len(PHASES) + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if getattr(family.package, "has_vision", False) else 0)
+    phase_count = len(PHASES) + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if family.reads_media else 0)
     bar = tqdm(total=phase_count, desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
 
     def phase(name: str) -> None:

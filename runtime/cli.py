@@ -31,6 +31,7 @@ def cmd_fixture(args: argparse.Namespace) -> int:
         readout_scale=args.readout_scale,
         attention_mode=args.attention_mode,
         vision=args.vision,
+        max_length=args.max_length,
     )
     for path in written:
         print(path)
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--readout-scale", type=float, default=1.0, help="scale the readout so answers are confident (e.g. 8)")
     fixture.add_argument("--attention-mode", default="noncausal_full_attention", choices=["causal", "noncausal_full_attention"])
     fixture.add_argument("--vision", action="store_true", help="decision3: add a vision tower (visual. weights, processor configs)")
+    fixture.add_argument("--max-length", type=int, help="decision3: the longest prompt the package declares (default 4096)")
     fixture.add_argument("--out", required=True)
     fixture.set_defaults(func=cmd_fixture)
 

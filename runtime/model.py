@@ -59,7 +59,7 @@ class DecisionModel:
         """Validate, decode media and render (request thread): raises InvalidRequest / RequestTooLarge for
         request-level errors. Under shared_context the request's questions share one prefix pass when that
         saves enough work."""
-        if (images or videos) and not self.reads_media and "image" in self.family.card().get("modalities", []):
+        if (images or videos) and self.family.reads_media and not self.reads_media:
             raise InvalidRequest(
                 f"profile {self.profile} of model {self.name} runs on an {self.engine.name} artifact without a vision graph, so it "
                 "cannot read images or videos; re-export the artifact with this version (it adds vision.onnx), or send media to profile exact"

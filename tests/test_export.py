@@ -146,6 +146,20 @@ def test_same_package_exports_to_the_same_hashes(artifacts, packages, tmp_path):
     assert first["files"] == second["files"]
 
 
+def test_bench_runs_the_shared_context_graph(artifacts, packages, tmp_path):
+    """An artifact with the shared_context graph adds its own bench row next to eager shared_context."""
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "bench", str(packages["d3"]), "--profiles", "exact,shared_context", "--artifact",
+         str(artifacts[("d3", "contrib")]), "--lengths", "300", "--questions", "4", "--repeats", "1", "--out", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert sorted(row["profile"] for row in rows) == ["exact", "shared_context", "shared_context-onnx-fp32"]
+    assert all(row["questions"] == 4 and row["ratio_to_exact"] > 0 for row in rows)
+
+
 def test_tampered_or_foreign_artifact_is_refused(artifacts, packages, tmp_path):
     import shutil
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import runtime
 from conftest import PACKAGE_KINDS, load_kwargs
 from runtime.errors import PackageError
 from runtime.families import detect_family
@@ -190,3 +191,16 @@ def test_models_lists_the_pinned_releases():
     families = [r["family"] for r in releases]
     assert families.count("decision2") == 6 and families.count("decision3") == 6
     assert all(not r["revision_is_full"] for r in releases)
+
+
+def test_fixture_max_length_sets_the_prompt_limit(tmp_path):
+    (root,) = write_fixture("decision3", tmp_path / "p", max_length=1024)
+    model = runtime.load(root)
+    assert model.family.max_input_tokens == 1024
+    answers = model.ask("word " * 1500, {"q": {"type": "noul", "instructions": "ok?"}})
+    assert answers["q"]["error"] == "max_length_exceeded" and "1024" in answers["q"]["message"]
+    assert model.ask("word " * 500, {"q": {"type": "noul", "instructions": "ok?"}})["q"]["type"] == "noul"
+    with pytest.raises(ValueError, match="--max-length must be within"):
+        write_fixture("decision3", tmp_path / "q", max_length=1 << 20)
+    with pytest.raises(ValueError, match="Decision 3.0 options"):
+        write_fixture("decision2", tmp_path / "r", max_length=2048)

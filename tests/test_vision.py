@@ -139,6 +139,23 @@ def test_the_vision_tower_runs_once_per_request(packages):
     assert abs(alone["q19"]["noul"] - answers["q19"]["noul"]) < 1e-6
 
 
+def test_processor_config_with_other_patching_is_refused(packages, tmp_path):
+    import dataclasses
+    import json
+    import shutil
+
+    from runtime.errors import PackageError
+    from runtime.families.decision3.package import verify
+
+    package = verify(packages["d3_vision"])
+    assert package.processor_config["image_mean"] == [0.5, 0.5, 0.5]
+    shutil.copytree(packages["d3_vision"], tmp_path / "p")
+    config = json.loads((tmp_path / "p" / "preprocessor_config.json").read_text())
+    (tmp_path / "p" / "preprocessor_config.json").write_text(json.dumps({**config, "patch_size": 14}))
+    with pytest.raises(PackageError, match="patch_size 14 is not 16"):
+        dataclasses.replace(package, root=tmp_path / "p").processor_config
+
+
 def test_text_only_models_refuse_media(packages):
     with pytest.raises(InvalidRequest, match="does not accept images"):
         runtime.load(packages["d3"]).plan("x", QUESTIONS, images=[IMAGE])

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         candidate.engine = PerturbedEngine(candidate.engine, args.perturb, candidate.family.output_name == "probabilities")
     if args.suite == "builtin":
         # Models with a vision tower also get media requests, when the candidate's engine can read them.
-        media = "image" in reference.card().get("modalities", []) and candidate.reads_media
+        media = reference.family.reads_media and candidate.reads_media
         suite = builtin_suite(reference.family.max_input_tokens, media=media)
     else:
         suite = load_jsonl(Path(args.suite))

@@ -53,6 +53,11 @@ class Family(ABC):
         self.package = package
 
     @property
+    def reads_media(self) -> bool:
+        """Whether this package reads images and videos (a vision tower)."""
+        return False
+
+    @property
     def shared_dynamic_axes(self) -> dict[str, dict[int, str]]:
         """Dynamic axes of forward_shared's inputs: the suffix rows vary like full rows, the prefix by length."""
         axes = {name: self.dynamic_axes[name] for name in self.shared_input_names if name in self.dynamic_axes}

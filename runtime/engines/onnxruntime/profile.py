@@ -43,7 +43,7 @@ def ensure_cached_artifact(family: Family, variant: str, cache_dir=None) -> Path
 def _lacks_media_graphs(family: Family, artifact: Path) -> bool:
     import json
 
-    return bool(getattr(family.package, "has_vision", False)) and not json.loads((artifact / "artifact.json").read_text()).get("media")
+    return family.reads_media and not json.loads((artifact / "artifact.json").read_text()).get("media")
 
 
 def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir=None, shared_context: bool = False, **_: object):

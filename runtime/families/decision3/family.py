@@ -188,6 +188,10 @@ class Decision3Family(Family):
         return self.package.max_input_tokens
 
     @property
+    def reads_media(self) -> bool:
+        return self.package.has_vision
+
+    @property
     def noncausal(self) -> bool:
         return self.package.attention_mode == "noncausal_full_attention"
 
@@ -303,9 +307,9 @@ class Decision3Family(Family):
                 "attention_mode": self.package.attention_mode,
                 "parameters": self.package.parameters["loaded"],
                 "question_types": ["choice", "noul", "score"],
-                "modalities": ["text", "image", "video"] if self.package.has_vision else ["text"],
+                "modalities": ["text", "image", "video"] if self.reads_media else ["text"],
             }
         )
-        if self.package.has_vision:
+        if self.reads_media:
             card["media_limits"] = {**self.media_limits.card(), **self.url_policy.card()}
         return card

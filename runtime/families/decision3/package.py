@@ -132,7 +132,7 @@ def verify(root: Path) -> Decision3Package:
     max_input = max_length if max_length is not None else text_config.get("max_position_embeddings", 32768)
     if manifest.get("max_input_tokens") not in (None, max_length, max_input):
         raise PackageError("max_input_tokens differs from decision_config max_length", MANIFEST_NAME)
-    return Decision3Package(
+    package = Decision3Package(
         root=root,
         manifest=manifest,
         manifest_sha256=sha256_file(root / MANIFEST_NAME),
@@ -150,6 +150,9 @@ def verify(root: Path) -> Decision3Package:
         temperature=float(decision["temperature"]),
         parameters=counted,
     )
+    if package.has_vision:
+        package.processor_config  # checked when the package opens, not at its first media request
+    return package
 
 
 def _check_decision_config(decision: dict) -> None:

@@ -79,7 +79,7 @@ def export_family(
         raise ArtifactError(f"--dtype {dtype} export is not supported yet (supported: {', '.join(SUPPORTED_DTYPES)})")
     if shared_context and variant == "portable":
         raise ArtifactError("--shared-context needs the contrib variant (the portable GDN lowering has no past-state input yet)")
-    from export.media_graphs import MEDIA_PHASES, export_media, has_media_graphs
+    from export.media_graphs import MEDIA_PHASES, export_media
 
     phase_count = len(PHASES) + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if family.reads_media else 0)
     bar = tqdm(total=phase_count, desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
@@ -131,7 +131,7 @@ def export_family(
             if shared_context:
                 shared = _export_shared(family, module, engine, temp, dtype, opset, phase, bar, keep_fp32)
             media = None
-            if has_media_graphs(module):
+            if family.reads_media:
                 media = export_media(family, module, engine, temp, variant=variant, dtype=dtype, opset=opset, phase=phase, bar=bar, keep_fp32=keep_fp32)
             phase("finalize")
             manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, smoke, shared, media)

@@ -25,10 +25,6 @@ MEDIA_MODEL_FILE, MEDIA_DATA_FILE = "model_media.onnx", "model_media.onnx.data" 
 MEDIA_PHASES = ("vision trace", "vision write", "media trace", "media write", "media parity")
 
 
-def has_media_graphs(module: torch.nn.Module) -> bool:
-    return getattr(module, "visual", None) is not None and hasattr(module, "forward_features")
-
-
 def export_media(
     family: Family, module: torch.nn.Module, engine: Any, temp: Path, *, variant: str, dtype: str, opset: int, phase, bar, keep_fp32: set[str]
 ) -> dict:

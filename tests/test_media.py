@@ -3,7 +3,6 @@ every limit and bad input becomes a 400 or 413 error before heavy work."""
 
 from __future__ import annotations
 
-import base64
 import io
 import struct
 import zlib
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from runtime.bench.media import data_url
 from runtime.errors import InvalidRequest, RequestTooLarge
 from runtime.families.decision3.media import (
     MediaLimits,
@@ -24,10 +24,6 @@ from runtime.families.decision3.media import (
     smart_resize,
     visual_tokens,
 )
-
-
-def data_url(mime: str, payload: bytes) -> str:
-    return f"data:{mime};base64," + base64.b64encode(payload).decode()
 
 
 def png(width: int, height: int, color=(200, 30, 60)) -> bytes:

@@ -12,7 +12,7 @@ IMAGE_SIZE = (640, 480)  # width, height: 20 x 15 = 300 visual tokens
 VIDEO_SIZE, VIDEO_SECONDS, VIDEO_FPS = (320, 256), 4, 8  # sampled at 2 fps: 8 frames, 4 pairs x 80 tokens
 
 
-def _data_url(mime: str, payload: bytes) -> str:
+def data_url(mime: str, payload: bytes) -> str:
     return f"data:{mime};base64," + base64.b64encode(payload).decode()
 
 
@@ -21,7 +21,7 @@ def noise_png(width: int, height: int, seed: int = 0) -> str:
 
     buffer = io.BytesIO()
     Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, format="PNG")
-    return _data_url("image/png", buffer.getvalue())
+    return data_url("image/png", buffer.getvalue())
 
 
 def noise_mp4(width: int, height: int, seconds: int, fps: int, seed: int = 0) -> str:
@@ -38,7 +38,7 @@ def noise_mp4(width: int, height: int, seconds: int, fps: int, seed: int = 0) ->
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
-    return _data_url("video/mp4", buffer.getvalue())
+    return data_url("video/mp4", buffer.getvalue())
 
 
 def synthetic_media(kind: str) -> tuple[list[str] | None, list[str] | None]:

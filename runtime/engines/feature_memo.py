@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 
 # (pixel input, grid input, feature input of the media text graph) per modality
 MODALITIES = (("pixel_values", "image_grid_thw", "image_features"), ("pixel_values_videos", "video_grid_thw", "video_features"))
 VISION_INPUTS = frozenset(name for pixels, grid, _ in MODALITIES for name in (pixels, grid))
+Features = TypeVar("Features")
 
 
 class FeatureMemo:
@@ -20,8 +21,18 @@ class FeatureMemo:
         self._pixels: dict[str, np.ndarray] = {}
         self._features: dict[str, object] = {}
 
-    def features(self, name: str, pixels: np.ndarray, compute: Callable[[], object]) -> object:
-        if self._pixels.get(name) is not pixels:
-            self._features[name] = compute()
-            self._pixels[name] = pixels
-        return self._features[name]
+    def features(
+        self, inputs: dict[str, np.ndarray], compute: Callable[[str, str], Features], empty: Callable[[], Features]
+    ) -> dict[str, Features]:
+        """The media text graph's feature inputs for one batch of rows: `compute(pixel input, grid input)`
+        for a modality the request carries (once per pixel array), `empty()` for one it does not."""
+        found: dict[str, Features] = {}
+        for pixels, grid, name in MODALITIES:
+            if inputs.get(pixels) is None:
+                found[name] = empty()
+                continue
+            if self._pixels.get(name) is not inputs[pixels]:
+                self._features[name] = compute(pixels, grid)
+                self._pixels[name] = inputs[pixels]
+            found[name] = self._features[name]
+        return found

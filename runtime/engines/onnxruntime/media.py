@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.engines.feature_memo import MODALITIES, FeatureMemo
+from runtime.engines.feature_memo import FeatureMemo
 from runtime.families.decision3.vision_segments import VisionLayout, assemble, segment_groups
 
 
@@ -20,23 +20,17 @@ class MediaGraphs:
         self.hidden_size = int(features.shape[-1])
         self.memo = FeatureMemo()
 
-    def features(self, pixel_values: np.ndarray | None, grid_thw: np.ndarray | None) -> np.ndarray:
+    def features(self, pixel_values: np.ndarray, grid_thw: np.ndarray) -> np.ndarray:
         """The vision tower's output for one modality, in transformers' order [merged tokens, hidden]."""
-        if pixel_values is None:
-            return np.zeros((0, self.hidden_size), dtype=np.float32)
         groups = segment_groups(pixel_values, grid_thw, self.layout)
         outputs = [self.vision.run([self.vision_output], group.inputs)[0] for group in groups]
         return assemble(groups, outputs, grid_thw, self.layout.spatial_merge_size**2)
 
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        feed = {}
-        for pixels, grid, name in MODALITIES:
-            if inputs.get(pixels) is None:
-                feed[name] = self.features(None, None)
-            else:
-                feed[name] = self.memo.features(name, inputs[pixels], lambda: self.features(inputs[pixels], inputs[grid]))
+        feed = self.memo.features(
+            inputs, lambda pixels, grid: self.features(inputs[pixels], inputs[grid]), lambda: np.zeros((0, self.hidden_size), dtype=np.float32)
+        )
         for value in self.text.get_inputs():
             if value.name not in feed:
                 feed[value.name] = np.ascontiguousarray(inputs[value.name])
         return self.text.run([self.output_name], feed)[0].astype(np.float32, copy=False)
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.engines.feature_memo import MODALITIES, VISION_INPUTS, FeatureMemo
+from runtime.engines.feature_memo import VISION_INPUTS, FeatureMemo
 
 
 class TorchEngine:
@@ -41,12 +41,8 @@ class TorchEngine:
         placeholders (the module's forward_media, in two steps)."""
         module = self.module
         with torch.inference_mode():
-            features = {name: self._features(inputs, pixels, grid, name) for pixels, grid, name in MODALITIES}
-            text = self._tensors(inputs, tuple(name for name in inputs if name not in VISION_INPUTS))
-            output = module.forward_features(**text, **features)
+            features = self.memo.features(
+                inputs, lambda pixels, grid: module.visual_features(*self._tensors(inputs, (pixels, grid)).values()), lambda: module.visual_features(None, None)
+            )
+            output = module.forward_features(**self._tensors(inputs, tuple(name for name in inputs if name not in VISION_INPUTS)), **features)
         return output.float().cpu().numpy()
-
-    def _features(self, inputs: dict[str, np.ndarray], pixels: str, grid: str, name: str) -> torch.Tensor:
-        if inputs.get(pixels) is None:
-            return self.module.visual_features(None, None)
-        return self.memo.features(name, inputs[pixels], lambda: self.module.visual_features(*self._tensors(inputs, (pixels, grid)).values()))

@@ -28,7 +28,16 @@ noul = st.fixed_dictionaries({"type": st.just("noul")}, optional={"instructions"
 score = st.fixed_dictionaries({"type": st.just("score"), "criteria": st.lists(st.one_of(texts, json_value), min_size=0, max_size=12)}, optional={"instructions": texts})
 broken = st.dictionaries(st.sampled_from(["type", "criteria", "choices", "levels", "instructions", "weird"]), json_value, max_size=4)
 question = st.one_of(choice, noul, score, broken, json_leaf)
-request = st.fixed_dictionaries(
+# Well-formed requests (always answerable), so every run covers 200s whatever examples hypothesis's version draws.
+words = st.text(alphabet="abcdefghij klmnop", min_size=1, max_size=20).filter(str.strip)
+labels = st.text(alphabet="abcdefghijklmnop", min_size=1, max_size=8)
+valid_question = st.one_of(
+    st.fixed_dictionaries({"type": st.just("choice"), "criteria": st.dictionaries(labels, st.one_of(st.none(), words), min_size=2, max_size=5)}),
+    st.fixed_dictionaries({"type": st.just("noul"), "instructions": words}),
+    st.fixed_dictionaries({"type": st.just("score"), "criteria": st.lists(words, min_size=2, max_size=5, unique=True)}),
+)
+valid_request = st.fixed_dictionaries({"state": words, "questions": st.dictionaries(labels, valid_question, min_size=1, max_size=3)})
+fuzzed_request = st.fixed_dictionaries(
     {},
     optional={
         "state": st.one_of(texts, json_value),
@@ -39,6 +48,7 @@ request = st.fixed_dictionaries(
         "images": st.one_of(st.just([]), st.lists(texts, max_size=2)),
     },
 )
+request = st.one_of(valid_request, fuzzed_request)
 
 
 @pytest.fixture(scope="module")

@@ -105,7 +105,7 @@ def export_family(
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            keep_fp32 = _head_weight_hashes(module) if dtype == "int8" else set()
+            keep_fp32 = _fp32_weight_hashes(module) if dtype == "int8" else set()
             _write_graph(model, temp, dtype, MODEL_FILE, DATA_FILE, keep_fp32=keep_fp32)
             del model
             for rel in RUNTIME_FILES:
@@ -164,15 +164,23 @@ def _write_graph(
     return save_sharing_weights(model, temp / file, data_file, base)
 
 
-def _head_weight_hashes(module: torch.nn.Module) -> set[str]:
-    """sha256 of every 2-D head tensor (readout / candidate head), as is and transposed: the exported
-    graph names transposed weights by trace order, so they are found by content."""
+# Backbone weights kept FP32 under --dtype int8, by parameter-name suffix: the token mixers' output
+# projections. Their inputs (attention / Gated DeltaNet outputs) carry the outliers that per-tensor
+# dynamic activation quantization handles worst: on a confident d3-lite package, keeping just these
+# ~10% of the FLOPs in FP32 took int8's changed decisions from 12/39 to 0/39 (other groups: 3-11/39).
+INT8_FP32_PROJECTIONS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight")
+
+
+def _fp32_weight_hashes(module: torch.nn.Module) -> set[str]:
+    """sha256 of every 2-D tensor int8 keeps FP32 (the readout / candidate head, and the mixers' output
+    projections), as is and transposed: the exported graph names transposed weights by trace order, so
+    they are found by content."""
     import hashlib
 
     towers = ("backbone.", "text_model.", "visual.")
     hashes = set()
     for name, parameter in [*module.named_parameters(), *module.named_buffers()]:  # D3's readout is a buffer
-        if name.startswith(towers) or parameter.dim() != 2:
+        if parameter.dim() != 2 or (name.startswith(towers) and not name.endswith(INT8_FP32_PROJECTIONS)):
             continue
         for tensor in (parameter, parameter.t()):
             hashes.add(hashlib.sha256(tensor.detach().float().contiguous().numpy().tobytes()).hexdigest())
@@ -191,8 +199,8 @@ def _fp32_matmuls(model: onnx.ModelProto, keep_fp32: set[str]) -> list[str]:
 
 def _quantized(model: onnx.ModelProto, temp: Path, keep_fp32: set[str] = frozenset()) -> onnx.ModelProto:
     """ORT's dynamic quantization: MatMuls with constant weights become signed-int8 MatMulInteger (the kernel
-    that pays on AVX-512 VNNI CPUs, export-notes); the head's MatMuls (readout) and everything else stay
-    FP32: a quantized readout moves logits directly (measured: most of int8's error on d3-lite)."""
+    that pays on AVX-512 VNNI CPUs, export-notes); the MatMuls whose weight hash is in `keep_fp32` (the head:
+    a quantized readout moves logits directly; the mixers' output projections) and every other op stay FP32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     excluded = _fp32_matmuls(model, keep_fp32)

@@ -272,6 +272,16 @@ def test_int8_export_quantizes_the_matmuls(packages, models, tmp_path):
     assert manifest["op_counts"].get("ai.onnx::MatMul", 0) >= 1  # the readout stays FP32
     assert manifest["op_counts"].get("com.microsoft::LinearAttention", 0) > 0
     assert not (out / "int8-staging").exists()
+    # FP32 MatMuls are exactly the readout and the token mixers' output projections (by weight content)
+    graph = onnx.load(str(out / "model.onnx"))
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.graph.initializer}
+    fp32 = [weights[n.input[1]] for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+    module = runtime.load(packages["d3"], profile="exact").engine.module
+    projections = {name: p.detach().numpy() for name, p in module.named_parameters() if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight"))}
+    def kept(weight: np.ndarray) -> bool:
+        return any(np.array_equal(w, candidate) for w in fp32 for candidate in (weight, weight.T) if w.shape == candidate.shape)
+    assert [name for name, weight in projections.items() if not kept(weight)] == [n for n in projections if n.endswith("down_proj.weight")]
+    assert len(fp32) == 1 + sum(1 for n in projections if not n.endswith("down_proj.weight"))
     fast = runtime.load(packages["d3"], profile="max_speed", artifact=out)
     assert fast.dtype == "int8"
     answer = fast.ask("Merge two sorted lists.", {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}})["q"]

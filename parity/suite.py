@@ -96,6 +96,27 @@ def builtin_suite(max_input_tokens: int, seed: int = 0, media: bool = False) -> 
     return requests
 
 
+SHORT_MAX_OPTIONS = 12
+
+
+def short_suite(max_input_tokens: int, questions: int = 80) -> list[SuiteRequest]:
+    """The built-in suite's short requests (no long context, choices of at most 12 options), in order, until
+    `questions` questions: a quick gate at real dimensions (e.g. int8 on a confident package)."""
+    requests: list[SuiteRequest] = []
+    count = 0
+    for request in builtin_suite(max_input_tokens):
+        if count >= questions:
+            break
+        if isinstance(request.state, str) and "\n\nContext:\n" in request.state:
+            continue
+        kept = {qid: q for qid, q in request.questions.items() if q["type"] != "choice" or len(q["criteria"]) <= SHORT_MAX_OPTIONS}
+        kept = dict(list(kept.items())[: questions - count])
+        if kept:
+            requests.append(SuiteRequest(id=request.id, state=request.state, questions=kept))
+            count += len(kept)
+    return requests
+
+
 def media_requests(rng: random.Random) -> list[SuiteRequest]:
     """Deterministic synthetic media: gradient images of several sizes and a short clip (PyAV)."""
     images = [_image_url(width, height, rng.randrange(1 << 30)) for width, height in ((320, 240), (640, 360), (96, 512))]

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from export.exporter import export_package
-from parity.suite import builtin_suite
+from parity.suite import builtin_suite, short_suite
 
 
 def run_parity(*args: str) -> subprocess.CompletedProcess:
@@ -28,6 +28,20 @@ def test_builtin_suite_covers_every_kind():
     assert any(isinstance(r.state, (dict, list)) for r in suite) and any(isinstance(r.state, str) for r in suite)
     assert any(len(r.questions) > 1 for r in suite) and any(len(r.questions) == 1 for r in suite)
     assert [r.questions for r in builtin_suite(4096)] == [r.questions for r in suite]  # deterministic
+
+
+def test_short_suite_is_the_builtin_suites_short_questions():
+    short = short_suite(4096)
+    questions = [q for r in short for q in r.questions.values()]
+    assert len(questions) == 80
+    assert {q["type"] for q in questions} == {"choice", "noul", "score"}
+    assert max(len(q["criteria"]) for q in questions if q["type"] == "choice") <= 12
+    builtin = {r.id: r for r in builtin_suite(4096)}
+    for request in short:  # the same requests, never a long context, questions a subset in order
+        source = builtin[request.id]
+        assert request.state == source.state and "Context:" not in str(request.state)
+        assert list(request.questions) == [qid for qid in source.questions if qid in request.questions]
+        assert all(request.questions[qid] == source.questions[qid] for qid in request.questions)
 
 
 @pytest.mark.parametrize("name", ["d3", "d2_qwen3_5"])

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     import runtime
     from parity.compare import compare, gates, summarize
     from parity.report import write_report
-    from parity.suite import builtin_suite, load_jsonl
+    from parity.suite import builtin_suite, load_jsonl, short_suite
 
     common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
     reference = runtime.load(args.model, profile=args.against, **common)
@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         # Models with a vision tower also get media requests, when the candidate's engine can read them.
         media = reference.family.reads_media and candidate.reads_media
         suite = builtin_suite(reference.family.max_input_tokens, media=media)
+    elif args.suite == "short":
+        suite = short_suite(reference.family.max_input_tokens)
     else:
         suite = load_jsonl(Path(args.suite))
     rows = compare(reference, candidate, suite, progress=not args.quiet)
@@ -89,7 +91,7 @@ def register(sub) -> None:
     parser.add_argument("--against", default="exact")
     parser.add_argument("--profile", default="max_speed")
     parser.add_argument("--artifact", help="artifact for the candidate profile (default: the cache's, exported on first use)")
-    parser.add_argument("--suite", default="builtin", help="builtin, or a JSONL file with one System One request per line")
+    parser.add_argument("--suite", default="builtin", help="builtin (416+ questions), short (its first 80 short questions, choices of <= 12 options), or a JSONL file with one System One request per line")
     parser.add_argument("--out", default="parity-report")
     parser.add_argument("--max-changed-rate", type=float, help="fail when more than this fraction of decisions change")
     parser.add_argument("--max-abs-diff", type=float, help="fail when any probability moves by more than this")

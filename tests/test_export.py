@@ -282,6 +282,9 @@ def test_int8_export_quantizes_the_matmuls(packages, models, tmp_path):
         return any(np.array_equal(w, candidate) for w in fp32 for candidate in (weight, weight.T) if w.shape == candidate.shape)
     assert [name for name, weight in projections.items() if not kept(weight)] == [n for n in projections if n.endswith("down_proj.weight")]
     assert len(fp32) == 1 + sum(1 for n in projections if not n.endswith("down_proj.weight"))
+    # per-output-channel weight quantization: each quantized weight has one zero point per output column
+    integer = [n for n in graph.graph.node if n.op_type == "MatMulInteger" and n.input[1] in weights]
+    assert integer and all(weights[n.input[3]].shape == (weights[n.input[1]].shape[1],) for n in integer)
     fast = runtime.load(packages["d3"], profile="max_speed", artifact=out)
     assert fast.dtype == "int8"
     answer = fast.ask("Merge two sorted lists.", {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}})["q"]

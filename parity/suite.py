@@ -21,6 +21,7 @@ TOPICS = [
     "Plan a three-day trip to Kyoto on a budget, with vegetarian food.",
 ]
 WORDS = "data model route query budget latency code legal health travel math finance safety creative tone user".split()
+LONG_CONTEXT = "\n\nContext:\n"  # opens the filler of the suite's long states
 LEVEL_WORDS = ["none", "trivial", "easy", "moderate", "medium", "involved", "hard", "very hard", "expert", "research"]
 
 
@@ -38,7 +39,7 @@ def _state(rng: random.Random, long_tokens: int | None) -> Any:
     base = rng.choice(TOPICS)
     if long_tokens:
         filler = " ".join(rng.choice(TOPICS) for _ in range(max(1, long_tokens // 40)))  # ~40 tokens a topic at most
-        return f"{base}\n\nContext:\n{filler}"
+        return f"{base}{LONG_CONTEXT}{filler}"
     if kind < 0.3:
         return {"user": base, "history": [rng.choice(TOPICS) for _ in range(rng.randint(0, 3))], "lang": rng.choice(["en", "de", "fr"])}
     if kind < 0.4:
@@ -107,7 +108,7 @@ def short_suite(max_input_tokens: int, questions: int = 80) -> list[SuiteRequest
     for request in builtin_suite(max_input_tokens):
         if count >= questions:
             break
-        if isinstance(request.state, str) and "\n\nContext:\n" in request.state:
+        if isinstance(request.state, str) and LONG_CONTEXT in request.state:
             continue
         kept = {qid: q for qid, q in request.questions.items() if q["type"] != "choice" or len(q["criteria"]) <= SHORT_MAX_OPTIONS}
         kept = dict(list(kept.items())[: questions - count])

@@ -17,7 +17,7 @@ from export.artifact import ARTIFACT_SCHEMA, atomic_directory, write_manifest
 from export.gdn_ops import patched_gdn
 from export.graph_passes import op_counts, trim_contrib_outputs
 from runtime.errors import ArtifactError
-from runtime.families import detect_family
+from runtime.families import open_family
 from runtime.families.base import Family
 from runtime.numerics import numerics_for
 from runtime.packages.resolve import resolve_package
@@ -59,7 +59,7 @@ def export_package(
     shared_context: bool = False,
 ) -> dict:
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
-    family = detect_family(ref.path).open(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
+    family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     return export_family(family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context)
 
 

@@ -39,12 +39,11 @@ def cmd_fixture(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from runtime.families import detect_family
+    from runtime.families import open_family
     from runtime.packages.resolve import resolve_package
 
     ref = resolve_package(args.package, cache_dir=args.cache_dir, offline=args.offline or None)
-    family_cls = detect_family(ref.path)
-    family = family_cls.open(ref, base_path=Path(args.base_path) if args.base_path else None, cache_dir=args.cache_dir, offline=args.offline or None)
+    family = open_family(ref, base_path=Path(args.base_path) if args.base_path else None, cache_dir=args.cache_dir, offline=args.offline or None)
     package = family.package
     origin = f"{ref.repo_id}@{ref.revision}" if ref.repo_id else str(ref.path)
     print(
@@ -60,11 +59,15 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([release.to_json() for release in RELEASES], indent=2))
         return 0
-    print(f"{'repo':34} {'family':10} {'revision':42} {'backbone':18} {'parameters':>15}")
+    print(f"{'repo':34} {'family':10} {'revision':42} {'pin':20} {'backbone':18} {'parameters':>15}")
     for release in RELEASES:
-        revision = release.revision if release.revision_is_full else f"{release.revision}… (prefix: pass @<40-hex>)"
         params = f"{release.loaded_parameters:,}" if release.loaded_parameters else "-"
-        print(f"{release.repo_id:34} {release.family:10} {revision:42} {release.backbone:18} {params:>15}")
+        for pinned in release.revisions:
+            revision = pinned.revision if pinned.is_full else f"{pinned.revision}… (prefix)"
+            pin = pinned.source + (", default" if pinned is release.default else "")
+            print(f"{release.repo_id:34} {release.family:10} {revision:42} {pin:20} {release.backbone:18} {params:>15}")
+    print("A bare repo id serves its default revision; REPO@REV takes any pinned revision by full commit or a prefix")
+    print("of at least 8 hex digits. A prefix is resolved to its full commit (Hub commit listing, or the cache) first.")
     return 0
 
 
@@ -87,11 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.set_defaults(func=cmd_fixture)
 
     verify = sub.add_parser("verify", help="verify a package (local dir or REPO@REV) without loading it")
-    verify.add_argument("package", help="PATH or REPO@40-hex-REV")
+    verify.add_argument("package", help="PATH, REPO (a pinned release's default revision) or REPO@REV")
     _add_source_options(verify)
     verify.set_defaults(func=cmd_verify)
 
-    models = sub.add_parser("models", help="list the built-in pinned releases")
+    models = sub.add_parser("models", help="list the built-in pinned releases, every pinned revision, the default marked")
     models.add_argument("--json", action="store_true")
     models.set_defaults(func=cmd_models)
 

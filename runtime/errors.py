@@ -28,6 +28,13 @@ class PackageError(RuntimeServiceError):
         self.path = path
 
 
+class DownloadError(PackageError):
+    """A package could not be fetched (the Hub did not answer, a transfer broke off): worth retrying, unlike
+    a verification failure."""
+
+    transient = True
+
+
 class UnsupportedDeviceError(RuntimeServiceError):
     status = 503
     code = "not_ready"

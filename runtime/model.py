@@ -12,7 +12,7 @@ import numpy as np
 
 from runtime.devices import Device, parse_device
 from runtime.errors import InvalidRequest
-from runtime.families import detect_family
+from runtime.families import open_family
 from runtime.families.answers import error_answer
 from runtime.families.base import Family, Plan
 from runtime.families.shared_context import DEFAULT_MIN_SAVED_TOKENS
@@ -163,7 +163,6 @@ def load(
     """Resolve and verify a package, build the profile's engine, return a model with `ask(state, questions)`."""
     target = parse_device(device)
     ref = resolve_package(package, revision, cache_dir=cache_dir, offline=offline)
-    family_cls = detect_family(ref.path)
-    family = family_cls.open(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
+    family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     engine, dtype = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
     return DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens)

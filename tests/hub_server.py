@@ -1,7 +1,8 @@
 """A loopback HTTP server that speaks the part of the Hugging Face Hub API that snapshot downloads use.
 
-It serves package directories from disk: the tree listing, revision info and the file-resolve
-endpoint (HEAD + GET with the commit, etag and size headers). It is a test peer, not a mock of
+It serves package directories from disk: the tree listing, revision info, the file-resolve
+endpoint (HEAD + GET with the commit, etag and size headers), and a repo's refs and commit listing
+(every published commit of a repo on `main`, newest first, paginated with a Link header as the Hub does). It is a test peer, not a mock of
 runtime code: the runtime's real huggingface_hub client talks HTTP to it.
 """
 
@@ -12,7 +13,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qsl, unquote, urlparse
 
 
 def git_blob_oid(data: bytes) -> str:
@@ -33,6 +34,9 @@ class HubServer:
 
     def add(self, repo_id: str, revision: str, root: Path) -> None:
         self.repos[(repo_id, revision)] = Path(root)
+
+    def commits(self, repo_id: str) -> list[str]:
+        return [revision for repo, revision in reversed(list(self.repos)) if repo == repo_id]
 
     def __enter__(self) -> "HubServer":
         self._thread.start()
@@ -74,9 +78,29 @@ class HubServer:
             def _not_found(self, head: bool = False) -> None:
                 self._send(404, b'{"error":"Repository not found"}', {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"}, head)
 
+            def _commit_page(self, repo: str, commits: list[str], page: int) -> None:
+                size = 2  # small pages, so the client's pagination is exercised
+                items = [
+                    {"id": c, "title": f"commit {c[:8]}", "message": "", "authors": [{"user": "test"}], "date": "2026-01-01T00:00:00.000Z"}
+                    for c in commits[page * size : (page + 1) * size]
+                ]
+                headers = {"Content-Type": "application/json"}
+                if (page + 1) * size < len(commits):
+                    headers["Link"] = f'<{hub.endpoint}/api/models/{repo}/commits/main?p={page + 1}>; rel="next"'
+                self._send(200, json.dumps(items).encode(), headers)
+
             def _route(self, head: bool) -> None:
                 hub.requests.append(f"{self.command} {self.path}")
-                parts = [unquote(p) for p in urlparse(self.path).path.strip("/").split("/")]
+                url = urlparse(self.path)
+                parts = [unquote(p) for p in url.path.strip("/").split("/")]
+                if parts[:2] == ["api", "models"] and len(parts) >= 5 and parts[4] in ("commits", "refs"):
+                    repo = "/".join(parts[2:4])
+                    commits = hub.commits(repo)
+                    if not commits:
+                        return self._not_found()
+                    if parts[4] == "refs":
+                        return self._json(200, {"branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": commits[0]}], "tags": [], "converts": []})
+                    return self._commit_page(repo, commits, int(dict(parse_qsl(url.query)).get("p", "0")))
                 if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] in ("tree", "revision"):
                     repo, kind, revision = "/".join(parts[2:4]), parts[4], parts[5]
                     root = hub.repos.get((repo, revision))

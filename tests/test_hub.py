@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -9,7 +10,8 @@ import pytest
 
 from hub_server import HubServer
 from runtime.errors import PackageError
-from runtime.families import detect_family
+from runtime.families import detect_family, open_family
+from runtime.packages.releases import RELEASES
 from runtime.packages.resolve import resolve_package
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -55,3 +57,96 @@ def test_verify_cli_downloads_into_the_cache_dir_env(hub, tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"synthetic/d3-tiny@{REVISION}" in result.stdout
     assert (tmp_path / "cache" / "hub" / "models--synthetic--d3-tiny").is_dir()
+
+
+# -- pinned releases: a bare repo id, prefixes resolved to full commits ------------------------------------------
+
+NANO_COMMIT = "6601b4d139" + "0f" * 15  # a commit whose hash starts with the table's prefix for vllm-sr/d3-nano
+OTHER_COMMIT = "1234abcd" * 5
+
+
+def test_bare_release_id_resolves_the_prefix_downloads_and_serves_then_works_offline(packages, tmp_path):
+    from server_harness import Server
+
+    with HubServer() as hub:
+        hub.add("vllm-sr/d3-nano", OTHER_COMMIT, packages["d2_qwen3"])  # a later commit on main, not the pinned one
+        hub.add("vllm-sr/d3-nano", NANO_COMMIT, packages["d3"])
+        env = {"VLLM_SR_RUNTIME_CACHE_DIR": str(tmp_path / "cache"), "HF_ENDPOINT": hub.endpoint}
+        for extra in ([], ["--offline"]):
+            server = Server(["vllm-sr/d3-nano", *extra], env=env, log=tmp_path / f"serve{len(extra)}.log")
+            try:
+                server.wait()
+                card = server.request("GET", "/v1/models").json()["data"][0]
+                assert card["id"] == "vllm-sr/d3-nano" and card["revision"] == NANO_COMMIT
+                reply = server.post({"state": "Merge two sorted lists.", "questions": {"code": {"type": "noul", "instructions": "Code?"}}})
+                assert reply.status == 200, reply.body
+                answer = reply.json()["answers"]["code"]
+                assert answer["type"] == "noul" and 0 < answer["noul"] < 1
+                if not extra:
+                    downloaded = len(hub.requests)
+                    assert any("/commits/" in line for line in hub.requests)  # resolved through the commit listing
+                    assert any(f"/resolve/{NANO_COMMIT}/" in line for line in hub.requests)
+                    assert not any(f"/resolve/{OTHER_COMMIT}/" in line for line in hub.requests)
+                else:
+                    assert len(hub.requests) == downloaded  # offline: the cache's snapshot resolves the prefix
+            finally:
+                server.stop()
+
+
+def test_two_commits_sharing_the_pinned_prefix_is_a_clear_error(packages, tmp_path):
+    with HubServer() as hub:
+        hub.add("vllm-sr/d3-nano", NANO_COMMIT, packages["d3"])
+        hub.add("vllm-sr/d3-nano", "6601b4d139" + "a" * 30, packages["d3"])
+        with pytest.raises(PackageError, match="matches 2 commits on the Hub"):
+            resolve_package("vllm-sr/d3-nano", cache_dir=tmp_path, endpoint=hub.endpoint)
+        assert not any("/resolve/" in line for line in hub.requests)  # nothing downloaded
+
+
+def test_no_commit_with_the_prefix_is_refused(packages, tmp_path):
+    with HubServer() as hub:
+        hub.add("vllm-sr/d3-nano", OTHER_COMMIT, packages["d3"])
+        with pytest.raises(PackageError, match="no commit of vllm-sr/d3-nano on the Hub starts with"):
+            resolve_package("vllm-sr/d3-nano", cache_dir=tmp_path, endpoint=hub.endpoint)
+
+
+def test_unreachable_hub_with_empty_cache_names_both_ways_out(tmp_path):
+    from server_harness import free_port
+
+    with pytest.raises(PackageError) as info:
+        resolve_package("vllm-sr/d3-nano", cache_dir=tmp_path, endpoint=f"http://127.0.0.1:{free_port()}")
+    assert "network access" in info.value.message and "vllm-sr/d3-nano@<40-hex>" in info.value.message
+    assert getattr(info.value, "transient", False)  # a download problem, worth a retry (unlike verification)
+
+
+def test_documented_kai_configuration_with_its_full_commit_is_accepted(packages, tmp_path):
+    kai = "881bee413681d80ebeac86afcda8b4138dae516e"
+    with HubServer() as hub:
+        hub.add("vllm-sr/Decision-2.0-Kai-0.6B", kai, packages["d2_qwen3"])
+        env = {"VLLM_SR_RUNTIME_CACHE_DIR": str(tmp_path / "cache"), "HF_ENDPOINT": hub.endpoint, "PATH": "/usr/bin:/bin"}
+        for ref in (f"vllm-sr/Decision-2.0-Kai-0.6B@{kai}", "vllm-sr/Decision-2.0-Kai-0.6B@881bee41", "vllm-sr/Decision-2.0-Kai-0.6B"):
+            result = subprocess.run([sys.executable, "-m", "runtime.cli", "verify", ref], capture_output=True, text=True, env=env)
+            assert result.returncode == 0, result.stderr
+            assert f"vllm-sr/Decision-2.0-Kai-0.6B@{kai}" in result.stdout
+        assert not any("/commits/" in line for line in hub.requests)  # a full commit needs no listing
+
+
+def test_known_identity_of_a_pinned_revision_is_checked(packages, tmp_path, caplog):
+    """Eos's registry revision has a published identity prefix; a package with another identity is refused."""
+    commit = "3594047d69f4" + "b" * 28
+    with HubServer() as hub:
+        hub.add("vllm-sr/Decision-2.0-Eos-0.8B", commit, packages["d2_qwen3_5"])
+        with caplog.at_level("INFO", logger="vllm_sr_runtime.packages"):
+            ref = resolve_package("vllm-sr/Decision-2.0-Eos-0.8B@3594047d", cache_dir=tmp_path, endpoint=hub.endpoint)
+        assert f"to commit {commit}" in caplog.text  # the full commit is logged
+        assert ref.revision == commit and ref.pinned.model_sha256 == "d971279"
+        with pytest.raises(PackageError, match="is not the pinned release's"):
+            open_family(ref)
+
+
+@pytest.mark.parametrize("repo, revision", [(r.repo_id, r.default.revision) for r in RELEASES if r.family == "decision2"])
+def test_verify_of_each_documented_revision_offline_names_the_missing_download(repo, revision, tmp_path):
+    env = {**os.environ, "VLLM_SR_RUNTIME_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "runtime.cli", "verify", f"{repo}@{revision}", "--offline"], capture_output=True, text=True, env=env)
+    assert result.returncode == 1
+    assert "not a pinned release" not in result.stderr and "not the pinned" not in result.stderr
+    assert f"{repo}@{revision}" in result.stderr and "cache" in result.stderr, result.stderr

@@ -176,21 +176,55 @@ def test_verify_cli_summary_and_failure(packages, tmp_path):
     assert "tokenizer.json" in bad.stderr
 
 
-def test_verify_refuses_short_and_moving_revisions():
-    for ref, message in [("vllm-sr/d3-lite", "full 40-hex"), ("vllm-sr/d3-lite@main", "40-hex"), ("vllm-sr/d3-lite@" + "f" * 40, "not the pinned release")]:
-        result = subprocess.run([sys.executable, "-m", "runtime.cli", "verify", ref, "--offline"], capture_output=True, text=True)
+def test_verify_refuses_moving_short_and_unpinned_revisions(tmp_path):
+    env = {**os.environ, "VLLM_SR_RUNTIME_CACHE_DIR": str(tmp_path)}
+    for ref, message in [
+        ("vllm-sr/d3-lite@main", "prefix of at least 8 hex"),
+        ("vllm-sr/d3-lite@b731454", "prefix of at least 8 hex"),
+        ("vllm-sr/d3-lite@" + "f" * 40, "is not a pinned release"),
+        ("vllm-sr/Decision-2.0-Kai-0.6B@881bee41" + "0" * 32, "is not a pinned release"),
+        ("someone/model", "not a built-in release"),
+        ("someone/model@abcdef12", "40-hex"),
+    ]:
+        result = subprocess.run([sys.executable, "-m", "runtime.cli", "verify", ref, "--offline"], capture_output=True, text=True, env=env)
         assert result.returncode != 0
-        assert message in result.stderr, result.stderr
+        assert message in result.stderr, (ref, result.stderr)
 
 
-def test_models_lists_the_pinned_releases():
+def test_models_lists_every_pinned_revision_and_marks_the_default():
     import json
 
+    from runtime.packages.releases import find_release
+
     result = subprocess.run([sys.executable, "-m", "runtime.cli", "models", "--json"], capture_output=True, text=True, check=True)
-    releases = json.loads(result.stdout)
-    families = [r["family"] for r in releases]
+    releases = {r["repo_id"]: r for r in json.loads(result.stdout)}
+    families = [r["family"] for r in releases.values()]
     assert families.count("decision2") == 6 and families.count("decision3") == 6
-    assert all(not r["revision_is_full"] for r in releases)
+    documented = {"Kai-0.6B": "881bee413681d80ebeac86afcda8b4138dae516e", "Eos-0.8B": "ad0aa724", "Sol-2B": "4b75b521", "Nox-4B": "ce1bdc9d", "Lux-9B": "214ffa43", "Vega-27B": "9b067a95"}
+    for name, revision in documented.items():
+        release = releases[f"vllm-sr/Decision-2.0-{name}"]
+        assert release["default_revision"] == revision
+        assert [r["default"] for r in release["revisions"]] == [True, False]  # the documented pin, then the registry's
+        assert [r["source"] for r in release["revisions"]] == ["documented", "registry"]
+    assert releases["vllm-sr/Decision-2.0-Kai-0.6B"]["revisions"][0]["revision_is_full"]
+    assert releases["vllm-sr/Decision-2.0-Kai-0.6B"]["revisions"][1]["revision"] == "cd49ea3813fd"
+    assert releases["vllm-sr/d3-nano"]["default_revision"] == "6601b4d139"
+    assert find_release("d3-nano") is find_release("vllm-sr/d3-nano")
+    text = subprocess.run([sys.executable, "-m", "runtime.cli", "models"], capture_output=True, text=True, check=True).stdout
+    assert "documented, default" in text and "3594047d69f4" in text
+
+
+def test_a_pin_accepts_full_commits_and_prefixes_of_its_revisions():
+    from runtime.packages.releases import find_release
+
+    kai = find_release("vllm-sr/Decision-2.0-Kai-0.6B")
+    assert kai.pin(None).revision.startswith("881bee41")
+    assert kai.pin("881bee41").source == "documented"
+    assert kai.pin("881BEE413681D80EBEAC86AFCDA8B4138DAE516E").source == "documented"
+    assert kai.pin("cd49ea38").source == "registry"  # shorter than the table's prefix, at least 8 digits
+    assert kai.pin("cd49ea3813fd" + "a" * 28).source == "registry"  # a full commit extending the prefix
+    with pytest.raises(PackageError, match="not a pinned release"):
+        kai.pin("cd49ea3813fe")
 
 
 def test_fixture_max_length_sets_the_prompt_limit(tmp_path):

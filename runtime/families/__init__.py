@@ -6,6 +6,7 @@ from pathlib import Path
 
 from runtime.errors import PackageError
 from runtime.families.base import Family
+from runtime.packages.resolve import PackageRef
 
 
 def registry() -> dict[str, type[Family]]:
@@ -21,3 +22,16 @@ def detect_family(root: Path) -> type[Family]:
         found = "no" if not matches else "several"
         raise PackageError(f"{found} known package format matches (Decision 2.0 pointer or Decision 3.0 manifest)", str(root))
     return matches[0]
+
+
+def open_family(ref: PackageRef, **options) -> Family:
+    """Detect the package's family, verify and open it; a pinned release must also have its known identity."""
+    family = detect_family(ref.path).open(ref, **options)
+    expected = ref.pinned.model_sha256 if ref.pinned else None
+    if expected and not family.package.model_sha256.startswith(expected):
+        raise PackageError(
+            f"{ref.repo_id}@{ref.revision}: identity model_sha256={family.package.model_sha256} is not the pinned "
+            f"release's ({expected}...)",
+            str(ref.path),
+        )
+    return family

@@ -7,8 +7,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.errors import PackageError
-from runtime.packages.releases import find_release
+from runtime.errors import DownloadError, PackageError
+from runtime.packages.releases import PinnedRevision, find_release
+from runtime.packages.revisions import hub_errors, resolve_commit
 
 FULL_REVISION = re.compile(r"^[0-9a-f]{40}$")
 CACHE_ENV = "VLLM_SR_RUNTIME_CACHE_DIR"
@@ -20,8 +21,9 @@ class PackageRef:
 
     path: Path
     repo_id: str | None
-    revision: str | None
+    revision: str | None  # the full commit, never a branch or a prefix
     source: str  # "local" or "hub"
+    pinned: PinnedRevision | None = None  # the built-in table's entry, when the package is a pinned release
 
 
 def default_cache_dir() -> Path:
@@ -73,38 +75,35 @@ def _resolve_hub(
     endpoint: str | None,
 ) -> PackageRef:
     release = find_release(repo_id)
-    if revision is None:
-        if release is None:
-            raise PackageError(f"{repo_id} is not a built-in release: pin it with {repo_id}@<40-hex revision>")
-        if not release.revision_is_full:
-            raise PackageError(
-                f"only the revision prefix {release.revision} of {repo_id} is public; "
-                f"pass the full 40-hex commit as {repo_id}@<revision>"
-            )
-        revision = release.revision
-    revision = revision.lower()
-    if not FULL_REVISION.match(revision):
-        raise PackageError(f"revision must be a 40-hex commit, got {revision!r} (branches and tags move)")
-    if release is not None and not revision.startswith(release.revision):
-        raise PackageError(f"{repo_id}@{revision} is not the pinned release (expected {release.revision}…)")
+    pinned = None
+    if release is not None:
+        pinned = release.pin(revision)
+        # A user's prefix may be longer than the table's: resolve the longer of the two.
+        revision = max(pinned.revision, (revision or "").lower(), key=len)
+    elif revision is None:
+        raise PackageError(f"{repo_id} is not a built-in release: pin it with {repo_id}@<40-hex revision>")
+    else:
+        revision = revision.lower()
+        if not FULL_REVISION.match(revision):
+            raise PackageError(f"revision must be a 40-hex commit, got {revision!r} (branches and tags move)")
 
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     if offline is None:
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+    revision = resolve_commit(repo_id, revision, hub_cache=cache / "hub", offline=offline, endpoint=endpoint)
     try:
         path = snapshot_download(
-            repo_id=repo_id,
-            revision=revision,
-            cache_dir=str(cache / "hub"),
-            local_files_only=offline,
-            endpoint=endpoint or os.environ.get("HF_ENDPOINT") or None,
+            repo_id=repo_id, revision=revision, cache_dir=str(cache / "hub"), local_files_only=offline, endpoint=endpoint
         )
     except LocalEntryNotFoundError:
-        raise PackageError(f"{repo_id}@{revision} is not in the cache {cache} and --offline is set") from None
-    except (HfHubHTTPError, OSError) as exc:
+        raise PackageError(
+            f"{repo_id}@{revision} is not in the cache {cache} and --offline is set: allow network access to download it"
+        ) from None
+    except hub_errors() as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PackageError(f"download of {repo_id}@{revision} failed: {reason}") from None
-    return PackageRef(path=Path(path), repo_id=repo_id, revision=revision, source="hub")
+        raise DownloadError(f"download of {repo_id}@{revision} failed: {reason}") from None
+    return PackageRef(path=Path(path), repo_id=repo_id, revision=revision, source="hub", pinned=pinned)

@@ -76,7 +76,7 @@ class ModelSlot:
         ).set(1)  # fmt: skip
         metrics.READY.labels(model=self.name).set(1)
         self.state = "ready"
-        log.info("model %s ready (%s, %s on %s)", self.name, card["family"], card["engine"], card["device"])
+        log.info("model %s ready (%s at revision %s, %s on %s)", self.name, card["family"], card.get("revision") or "local", card["engine"], card["device"])
 
     def observe_batch(self, batch, labels: dict) -> None:
         metrics.BATCH_ROWS.labels(**labels).observe(batch.inputs["input_ids"].shape[0])

@@ -14,8 +14,10 @@ import torch
 from tqdm import tqdm
 
 from export.artifact import ARTIFACT_SCHEMA, atomic_directory, write_manifest
+from export.external_data import check_disk_space, save_with_external_data
 from export.gdn_ops import patched_gdn
 from export.graph_passes import op_counts, trim_contrib_outputs
+from export.phases import PhaseClock, available_memory_bytes
 from runtime.errors import ArtifactError
 from runtime.families import open_family
 from runtime.families.base import Family
@@ -33,6 +35,9 @@ RUNTIME_FILES = (
     "chat_template.jinja", "special_tokens_map.json", "score_bias.json", "calibration.json",
 )  # fmt: skip
 SMOKE_TOLERANCE = {"fp32": 1e-4}
+SMOKE_MODES = ("auto", "on", "off")
+# What an ORT CPU session holds beyond its weights file (arena, optimized graph), relative to that file.
+SESSION_MEMORY_FACTOR = 1.25
 SMOKE_STATE = "Write a Python function that merges two sorted lists and explain its running time."
 SMOKE_QUESTIONS = {
     "domain": {"type": "choice", "instructions": "Which domain?", "criteria": {"code": "Programming", "math": "Mathematics", "law": None}},
@@ -40,8 +45,8 @@ SMOKE_QUESTIONS = {
     "difficulty": {"type": "score", "instructions": "How hard is it?", "criteria": ["easy", "medium", "hard", "expert"]},
     "wide": {"type": "choice", "instructions": "Pick a label.", "criteria": {f"label{i}": f"description {i}" for i in range(40)}},
 }
-PHASES = ("load", "trace", "lower", "write", "check", "session", "parity", "finalize")
-SHARED_PHASES = ("shared trace", "shared write", "shared parity")
+PHASES = ("load", "trace", "lower", "write", "check", "session", "smoke", "finalize")
+SHARED_PHASES = ("shared trace", "shared write", "shared smoke")
 IO_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
 
 
@@ -57,18 +62,31 @@ def export_package(
     offline: bool | None = None,
     progress: bool = True,
     shared_context: bool = False,
+    smoke: str = "auto",
 ) -> dict:
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
-    return export_family(family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context)
+    return export_family(
+        family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context, smoke=smoke
+    )
 
 
 def export_family(
-    family: Family, out: Path, *, variant: str, dtype: str, opset: int = DEFAULT_OPSET, progress: bool = True, shared_context: bool = False
+    family: Family,
+    out: Path,
+    *,
+    variant: str,
+    dtype: str,
+    opset: int = DEFAULT_OPSET,
+    progress: bool = True,
+    shared_context: bool = False,
+    smoke: str = "auto",
 ) -> dict:
     """Trace, lower, write, check and smoke-test one artifact. `shared_context` adds a second graph,
     the module's forward_shared (prefix once, question rows continue from its state), for that profile
-    on ONNX Runtime; it reads the main graph's weights file."""
+    on ONNX Runtime; it reads the main graph's weights file. `smoke` (auto|on|off): the smoke parity
+    against eager, its own phase; auto runs it when the eager model and one ORT session fit in the
+    memory that is free."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}")
     if dtype not in DTYPES:
@@ -79,13 +97,14 @@ def export_family(
         raise ArtifactError(f"--dtype {dtype} export is not supported yet (supported: {', '.join(SUPPORTED_DTYPES)})")
     if shared_context and variant == "portable":
         raise ArtifactError("--shared-context needs the contrib variant (the portable GDN lowering has no past-state input yet)")
+    if smoke not in SMOKE_MODES:
+        raise ValueError(f"smoke must be one of {', '.join(SMOKE_MODES)}")
+    disk_needed = check_disk_space(out, family.card().get("parameters"), dtype)
     from export.media_graphs import MEDIA_PHASES, export_media
 
     phase_count = len(PHASES) + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if family.reads_media else 0)
     bar = tqdm(total=phase_count, desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
-
-    def phase(name: str) -> None:
-        bar.set_postfix_str(name)
+    phase = PhaseClock(bar, progress)
 
     try:
         phase("load")
@@ -106,7 +125,7 @@ def export_family(
         with atomic_directory(out) as temp:
             phase("write")
             keep_fp32 = _fp32_weight_hashes(module) if dtype == "int8" else set()
-            _write_graph(model, temp, dtype, MODEL_FILE, DATA_FILE, keep_fp32=keep_fp32)
+            _write_graph(model, temp, dtype, MODEL_FILE, DATA_FILE, keep_fp32=keep_fp32, progress=progress)
             del model
             for rel in RUNTIME_FILES:
                 if (family.package.root / rel).is_file():
@@ -123,23 +142,45 @@ def export_family(
 
             engine = OrtEngine.from_file(temp / MODEL_FILE, device_kind="cpu", output_name=family.output_name)
             bar.update()
-            phase("parity")
-            smoke = smoke_parity(family, module, engine)
-            _check_smoke(smoke, dtype)
+            phase("smoke")
+            smoke_plan = plan_smoke(smoke, module, temp / DATA_FILE)
+            parity = None
+            if smoke_plan["ran"]:
+                parity = smoke_parity(family, module, engine)
+                _check_smoke(parity, dtype)
             bar.update()
             shared = None
             if shared_context:
-                shared = _export_shared(family, module, engine, temp, dtype, opset, phase, bar, keep_fp32)
+                shared = _export_shared(family, module, engine, temp, dtype, opset, phase, bar, keep_fp32, smoke_plan["ran"])
             media = None
             if family.reads_media:
-                media = export_media(family, module, engine, temp, variant=variant, dtype=dtype, opset=opset, phase=phase, bar=bar, keep_fp32=keep_fp32)
+                media = export_media(
+                    family, module, engine, temp, variant=variant, dtype=dtype, opset=opset, phase=phase, bar=bar, keep_fp32=keep_fp32,
+                    run_smoke=smoke_plan["ran"],
+                )  # fmt: skip
             phase("finalize")
-            manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, smoke, shared, media)
+            manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, parity, shared, media)
+            manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
+            manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed}
             write_manifest(temp, manifest)
             bar.update()
     finally:
         bar.close()
     return json.loads((out / "artifact.json").read_text())
+
+
+def plan_smoke(mode: str, module: torch.nn.Module, weights_file: Path) -> dict:
+    """Whether the smoke parity runs, and the memory it needs: the eager model (already resident for the
+    trace) plus one ORT session over the artifact's weights."""
+    eager = sum(p.numel() * p.element_size() for p in [*module.parameters(), *module.buffers()])
+    session = int(weights_file.stat().st_size * SESSION_MEMORY_FACTOR) if weights_file.exists() else 0
+    available = available_memory_bytes()
+    plan = {"mode": mode, "memory_needed_bytes": eager + session, "memory_available_bytes": available}
+    if mode == "off":
+        return {**plan, "ran": False, "reason": "--smoke off"}
+    if mode == "auto" and available is not None and session > available:
+        return {**plan, "ran": False, "reason": f"an ORT session needs about {session / 2**30:.1f} GiB, {available / 2**30:.1f} GiB free"}
+    return {**plan, "ran": True, "reason": "--smoke on" if mode == "on" else "fits in free memory"}
 
 
 def _check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
@@ -149,7 +190,14 @@ def _check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
 
 
 def _write_graph(
-    model: onnx.ModelProto, temp: Path, dtype: str, file: str, data_file: str, base: Path | None = None, keep_fp32: set[str] = frozenset()
+    model: onnx.ModelProto,
+    temp: Path,
+    dtype: str,
+    file: str,
+    data_file: str,
+    base: Path | None = None,
+    keep_fp32: set[str] = frozenset(),
+    progress: bool = False,
 ) -> dict | None:
     """Save one graph of the artifact (quantized first for int8, except MatMuls whose weight hash is in
     `keep_fp32`); with `base`, weights equal to base's are read from base's data file instead of being
@@ -157,7 +205,7 @@ def _write_graph(
     if dtype == "int8":
         model = _quantized(model, temp, keep_fp32)
     if base is None:
-        onnx.save_model(model, str(temp / file), save_as_external_data=True, all_tensors_to_one_file=True, location=data_file, size_threshold=1024)
+        save_with_external_data(model, temp / file, data_file, progress=progress)
         return None
     from export.weight_sharing import save_sharing_weights
 
@@ -221,7 +269,7 @@ def _quantized(model: onnx.ModelProto, temp: Path, keep_fp32: set[str] = frozens
 
 
 def _export_shared(
-    family: Family, module: torch.nn.Module, engine: Any, temp: Path, dtype: str, opset: int, phase, bar, keep_fp32: set[str]
+    family: Family, module: torch.nn.Module, engine: Any, temp: Path, dtype: str, opset: int, phase, bar, keep_fp32: set[str], run_smoke: bool
 ) -> dict:
     """The shared_context graph: traced from forward_shared, written against the main graph's weights,
     smoke-tested against the eager module's forward_shared."""
@@ -241,10 +289,11 @@ def _export_shared(
     io = {"inputs": _io_schema(model.graph.input), "outputs": _io_schema(model.graph.output)}
     del model
     bar.update()
-    phase("shared parity")
+    phase("shared smoke")
     engine.attach_shared(temp / SHARED_MODEL_FILE)
-    smoke = smoke_parity(family, module, engine, profile="shared_context")
-    _check_smoke(smoke, dtype, "shared_context smoke parity")
+    smoke = smoke_parity(family, module, engine, profile="shared_context") if run_smoke else None
+    if smoke is not None:
+        _check_smoke(smoke, dtype, "shared_context smoke parity")
     bar.update()
     return {
         "model_file": SHARED_MODEL_FILE,
@@ -325,8 +374,9 @@ def _trace(
 
 
 def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact", media: Any = None) -> dict:
-    """Eager module vs the graph on the smoke questions at two batch shapes: max |dp| and decisions changed.
-    Under shared_context both sides share every multi-question request's prefix; with `media` (prepared
+    """Eager module vs the graph on the smoke questions: one request of every question type (a padded batch
+    of rows, a JSON state) and one single-row request (a text state): max |dp| and decisions changed. Under
+    shared_context both sides share the multi-question request's prefix; with `media` (prepared
     images/videos) every request reads them."""
     from runtime.engines.torch import TorchEngine
     from runtime.model import DecisionModel
@@ -337,17 +387,16 @@ def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: 
     eager = DecisionModel(family, eager_engine, profile, cpu, "", shared_min_tokens=0)
     graph = DecisionModel(family, engine, profile, cpu, "", shared_min_tokens=0)
     worst, changed, count = 0.0, 0, 0
-    for questions in (SMOKE_QUESTIONS, {"reasoning": SMOKE_QUESTIONS["reasoning"]}):
-        for state in (SMOKE_STATE, {"user": "hi", "history": [1, 2, 3]}):
-            if media is None:
-                left, right = eager.ask(state, questions), graph.ask(state, questions)
-            else:
-                left, right = (model.execute(family.plan(state, questions, media=media)).answers for model in (eager, graph))
-            for key, answer in left.items():
-                count += 1
-                a, b = _distribution(answer), _distribution(right[key])
-                worst = max(worst, float(np.max(np.abs(np.array(a) - np.array(b)))))
-                changed += int(np.argmax(a) != np.argmax(b))
+    for state, questions in (({"user": "hi", "history": [1, 2, 3]}, SMOKE_QUESTIONS), (SMOKE_STATE, {"reasoning": SMOKE_QUESTIONS["reasoning"]})):
+        if media is None:
+            left, right = eager.ask(state, questions), graph.ask(state, questions)
+        else:
+            left, right = (model.execute(family.plan(state, questions, media=media)).answers for model in (eager, graph))
+        for key, answer in left.items():
+            count += 1
+            a, b = _distribution(answer), _distribution(right[key])
+            worst = max(worst, float(np.max(np.abs(np.array(a) - np.array(b)))))
+            changed += int(np.argmax(a) != np.argmax(b))
     return {"questions": count, "max_abs_diff": worst, "decisions_changed": changed}
 
 

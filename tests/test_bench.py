@@ -63,3 +63,21 @@ def test_bench_http(packages, tmp_path):
         assert ROW_FIELDS <= set(row) and row["rps"] > 0 and row["errors"] == 0
         assert row["statuses"]["200"] > 0 and row["p99_ms"] >= row["median_ms"]
     assert (out / "rps_vs_clients.png").is_file()
+
+
+def test_bench_export_reports_each_phase_and_the_whole_run(packages, tmp_path):
+    out = tmp_path / "bench-export"
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "bench", str(packages["d2_qwen3"]), "--mode", "export", "--dtype", "fp32,int8", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((out / "bench.json").read_text())
+    assert report["mode"] == "export"
+    for dtype in ("fp32", "int8"):
+        rows = {r["phase"]: r for r in report["rows"] if r["dtype"] == dtype}
+        assert {"load", "trace", "write", "session", "smoke", "startup", "total"} <= set(rows)
+        assert rows["total"]["peak_rss_mb"] >= max(r["peak_rss_mb"] or 0 for r in rows.values() if r["phase"] != "total")
+        assert rows["total"]["seconds"] >= rows["trace"]["seconds"] > 0 and rows["total"]["artifact_mb"] > 0
+        assert rows["total"]["smoke"] is False  # bench measures the export itself unless asked
+    assert "peak RSS MiB" in result.stdout

@@ -339,3 +339,40 @@ def test_second_open_loads_the_saved_optimized_graph(artifacts, packages, tmp_pa
     third = runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")], cache_dir=cache)
     assert third.engine.optimized_cache_use == "stored"
     assert third.ask("Merge two sorted lists.", questions) == first.ask("Merge two sorted lists.", questions)
+
+
+def test_artifact_records_its_smoke_and_where_the_export_went(artifacts):
+    from export.exporter import PHASES, SHARED_PHASES
+
+    root = artifacts[("d3", "contrib")]
+    manifest = json.loads((root / "artifact.json").read_text())
+    smoke = manifest["smoke"]
+    assert smoke["mode"] == "auto" and smoke["ran"] and smoke["rows"] == manifest["smoke_parity"]["questions"] >= 5
+    assert smoke["tolerance"] == 1e-4 and smoke["memory_needed_bytes"] > 0
+    phases = manifest["export"]["phases"]
+    assert [p["name"] for p in phases] == [*PHASES[:-1], *SHARED_PHASES, PHASES[-1]]
+    assert all(p["seconds"] >= 0 and p["peak_rss_bytes"] > 0 for p in phases)
+    # Weights are written tensor by tensor at page-aligned offsets (ORT can map them).
+    model = onnx.load(str(root / "model.onnx"), load_external_data=False)
+    offsets = [int(e.value) for t in model.graph.initializer for e in t.external_data if e.key == "offset"]
+    assert offsets and all(offset % 4096 == 0 for offset in offsets)
+
+
+def test_smoke_off_records_it_and_the_artifact_still_answers(packages, models, tmp_path):
+    out = tmp_path / "no-smoke"
+    manifest = export_package(packages["d2_qwen3"], out, progress=False, smoke="off")
+    assert manifest["smoke_parity"] is None
+    assert manifest["smoke"]["ran"] is False and manifest["smoke"]["reason"] == "--smoke off" and manifest["smoke"]["rows"] == 0
+    fast = runtime.load(packages["d2_qwen3"], profile="max_speed", artifact=out)
+    question = {"q": {"type": "noul", "instructions": "Code?"}}
+    assert abs(fast.ask("Merge two sorted lists.", question)["q"]["noul"] - models("d2_qwen3").ask("Merge two sorted lists.", question)["q"]["noul"]) <= 1e-4
+
+
+def test_too_little_disk_is_refused_before_any_work(packages, tmp_path, monkeypatch):
+    from export import external_data
+
+    monkeypatch.setattr(external_data, "BYTES_PER_PARAMETER", {"fp32": 1e12})
+    started = time.perf_counter()
+    with pytest.raises(ArtifactError, match="not enough disk space"):
+        export_package(packages["d3"], tmp_path / "deep" / "artifact", progress=False)
+    assert not (tmp_path / "deep").exists()

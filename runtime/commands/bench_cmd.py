@@ -1,4 +1,5 @@
-"""`vllm-sr-runtime bench MODEL --mode forward|http ...`: latency, throughput and fraction of the GEMM limit."""
+"""`vllm-sr-runtime bench MODEL --mode forward|http|export ...`: latency, throughput and fraction of the GEMM
+limit; or an export's wall time and peak RSS per phase."""
 
 from __future__ import annotations
 
@@ -124,6 +125,20 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
         if args.ort_profile:
             result["ort_profile"] = profile_graphs(models, max(lengths))
+    elif args.mode == "export":
+        from runtime.bench.export_run import print_export_table, run_export
+
+        if not args.model:
+            raise ValueError("--mode export needs a package")
+        result["model"] = args.model
+        result["rows"] = []
+        extra = (["--base-path", args.base_path] if args.base_path else []) + (["--cache-dir", args.cache_dir] if args.cache_dir else [])
+        for dtype in [d for d in args.dtype.split(",") if d]:
+            result["rows"] += run_export(args.model, dtype, smoke=args.smoke, variant=args.variant, extra=extra)["rows"]
+        (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+        print_export_table(result["rows"])
+        print(out / "bench.json")
+        return 0
     else:
         from runtime.bench.http_load import run_http
 
@@ -160,7 +175,7 @@ def _artifacts_for(profile: str, artifacts: list) -> list:
 def register(sub) -> None:
     parser = sub.add_parser("bench", help="measure latency/throughput per profile (forward) or against a server (http)")
     parser.add_argument("model", nargs="?", help="package (forward mode)")
-    parser.add_argument("--mode", default="forward", choices=["forward", "http"])
+    parser.add_argument("--mode", default="forward", choices=["forward", "http", "export"], help="export: wall time and peak RSS of each export phase, each dtype in a child process")
     parser.add_argument("--profiles", default="exact,max_speed")
     parser.add_argument("--lengths", default="64,128,512,2048")
     parser.add_argument("--questions", default="1,8")
@@ -177,5 +192,8 @@ def register(sub) -> None:
     parser.add_argument("--plot", action="store_true")
     parser.add_argument("--media", default="none", choices=["none", "image", "video", "image+video"], help="forward: every request also carries a synthetic image (640x480) and/or video (4 s, 320x256); Decision 3.0 packages with a vision tower")
     parser.add_argument("--ort-profile", action="store_true", help="also profile each ONNX Runtime graph per op type (forward)")
+    parser.add_argument("--dtype", default="fp32", help="export: comma-separated dtypes, e.g. fp32,int8")
+    parser.add_argument("--variant", default="contrib", choices=["contrib", "portable"], help="export: graph variant")
+    parser.add_argument("--smoke", default="off", choices=["auto", "on", "off"], help="export: smoke parity (off by default: measure the export itself)")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(func=run)

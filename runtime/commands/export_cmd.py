@@ -19,27 +19,31 @@ def run(args: argparse.Namespace) -> int:
         offline=args.offline or None,
         progress=not args.quiet,
         shared_context=args.shared_context,
+        smoke=args.smoke,
     )
     smoke = manifest["smoke_parity"]
     ops = sum(manifest["op_counts"].values())
-    print(
-        f"ok: {args.out} ({manifest['variant']}/{manifest['dtype']}, opset {manifest['opset']}, {ops} nodes, "
-        f"domains {','.join(manifest['op_domains'])}); smoke parity max |dp| {smoke['max_abs_diff']:.2e}, "
-        f"{smoke['decisions_changed']}/{smoke['questions']} decisions changed"
-    )
+    checked = (
+        f"smoke parity max |dp| {smoke['max_abs_diff']:.2e}, {smoke['decisions_changed']}/{smoke['questions']} decisions changed"
+        if smoke else f"no smoke parity ({manifest['smoke']['reason']}): judge it with `vllm-sr-runtime parity`"
+    )  # fmt: skip
+    print(f"ok: {args.out} ({manifest['variant']}/{manifest['dtype']}, opset {manifest['opset']}, {ops} nodes, domains {','.join(manifest['op_domains'])}); {checked}")
     shared = manifest.get("shared_context")
     if shared:
-        print(
-            f"shared_context graph: {shared['model_file']} ({shared['weights_from_main']} weights read from the main graph's file); "
-            f"smoke parity max |dp| {shared['smoke_parity']['max_abs_diff']:.2e}"
-        )
+        smoked = f"; smoke parity max |dp| {shared['smoke_parity']['max_abs_diff']:.2e}" if shared["smoke_parity"] else ""
+        print(f"shared_context graph: {shared['model_file']} ({shared['weights_from_main']} weights read from the main graph's file){smoked}")
     media = manifest.get("media")
     if media:
-        worst = max(result["max_abs_diff"] for result in media["smoke_parity"].values())
+        smoked = ""
+        if media["smoke_parity"]:
+            smoked = f"; smoke parity on images and video max |dp| {max(r['max_abs_diff'] for r in media['smoke_parity'].values()):.2e}"
         print(
             f"media graphs: {media['vision']['model_file']} (vision tower, per attention segment) and {media['text']['model_file']} "
-            f"({media['text']['weights_from_main']} weights read from the main graph's file); smoke parity on images and video max |dp| {worst:.2e}"
+            f"({media['text']['weights_from_main']} weights read from the main graph's file){smoked}"
         )
+    for row in manifest["export"]["phases"]:
+        peak = f"{row['peak_rss_bytes'] / 2**20:,.0f} MiB" if row["peak_rss_bytes"] else "-"
+        print(f"  phase {row['name']:14} {row['seconds']:8.1f} s   peak RSS {peak}")
     return 0
 
 
@@ -47,7 +51,7 @@ def register(sub) -> None:
     from export.exporter import DEFAULT_OPSET, DTYPES, VARIANTS
 
     parser = sub.add_parser("export", help="export a verified package to an ONNX artifact (readout inside)")
-    parser.add_argument("package", help="PATH or REPO@40-hex-REV")
+    parser.add_argument("package", help="PATH, REPO (a pinned release) or REPO@REV")
     parser.add_argument("--out", required=True, help="artifact directory (written atomically)")
     parser.add_argument("--variant", default="contrib", choices=VARIANTS, help="contrib: com.microsoft fused GDN ops; portable: standard ops only")
     parser.add_argument("--dtype", default="fp32", choices=list(DTYPES))
@@ -55,6 +59,10 @@ def register(sub) -> None:
     parser.add_argument(
         "--shared-context", action="store_true",
         help="also export the shared_context graph (a request's common prefix once, its questions continue from it)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--smoke", default="auto", choices=["auto", "on", "off"],
+        help="smoke parity against eager (fp32 within 1e-4, decisions unchanged); auto: when the eager model and one ORT session fit in free memory",
     )  # fmt: skip
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")

@@ -14,10 +14,11 @@ import torch
 from tqdm import tqdm
 
 from export.artifact import ARTIFACT_SCHEMA, atomic_directory, write_manifest
+from export.context import ExportContext
 from export.external_data import check_disk_space, save_with_external_data
-from export.gdn_ops import patched_gdn
 from export.graph_passes import op_counts, trim_contrib_outputs
 from export.phases import PhaseClock, available_memory_bytes
+from export.streaming import StreamedModule, TracedGraph, trace, weight_hashes, write_graph
 from runtime.errors import ArtifactError
 from runtime.families import open_family
 from runtime.families.base import Family
@@ -45,7 +46,7 @@ SMOKE_QUESTIONS = {
     "difficulty": {"type": "score", "instructions": "How hard is it?", "criteria": ["easy", "medium", "hard", "expert"]},
     "wide": {"type": "choice", "instructions": "Pick a label.", "criteria": {f"label{i}": f"description {i}" for i in range(40)}},
 }
-PHASES = ("load", "trace", "lower", "write", "check", "session", "smoke", "finalize")
+PHASES = ("load", "trace", "write", "check", "session", "smoke", "finalize")
 SHARED_PHASES = ("shared trace", "shared write", "shared smoke")
 IO_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
 
@@ -108,25 +109,21 @@ def export_family(
 
     try:
         phase("load")
-        module = _build_module(family, dtype)
+        skeleton = _build_module(family, dtype, weights=False)
+        streamed = StreamedModule.of(skeleton, family.weight_sources(_numerics(family)))
         sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
+        gdn = gdn_dims(skeleton)
         bar.update()
         phase("trace")
-        model = _trace(module, sample, opset, family.input_names, family.dynamic_axes, family.output_name)
-        bar.update()
-        phase("lower")
-        trim_contrib_outputs(model)
-        gdn = _gdn_dims(module)
-        if variant == "portable":
-            from export.portable import lower_to_portable
-
-            model = lower_to_portable(model, gdn)
+        traced = trace(streamed, skeleton, sample, opset, family.input_names, family.dynamic_axes, family.output_name, translation_table(skeleton))
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            keep_fp32 = _fp32_weight_hashes(module) if dtype == "int8" else set()
-            _write_graph(model, temp, dtype, MODEL_FILE, DATA_FILE, keep_fp32=keep_fp32, progress=progress)
-            del model
+            keep_fp32 = _fp32_weight_hashes(streamed) if dtype == "int8" else set()
+            lower = (lambda model: _portable(model, gdn)) if variant == "portable" else None
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, keep_fp32=keep_fp32, lower=lower)
+            reuse = main_weights["index"]
+            del traced, proto
             for rel in RUNTIME_FILES:
                 if (family.package.root / rel).is_file():
                     shutil.copyfile(family.package.root / rel, temp / rel)
@@ -143,25 +140,23 @@ def export_family(
             engine = OrtEngine.from_file(temp / MODEL_FILE, device_kind="cpu", output_name=family.output_name)
             bar.update()
             phase("smoke")
-            smoke_plan = plan_smoke(smoke, module, temp / DATA_FILE)
-            parity = None
+            smoke_plan = plan_smoke(smoke, family, temp / DATA_FILE)
+            parity, eager = None, None
             if smoke_plan["ran"]:
-                parity = smoke_parity(family, module, engine)
-                _check_smoke(parity, dtype)
+                eager = _build_module(family, dtype)  # the smoke phase's own memory: the eager model, beside one session
+                parity = smoke_parity(family, eager, engine)
+                check_smoke(parity, dtype)
             bar.update()
-            shared = None
-            if shared_context:
-                shared = _export_shared(family, module, engine, temp, dtype, opset, phase, bar, keep_fp32, smoke_plan["ran"])
-            media = None
-            if family.reads_media:
-                media = export_media(
-                    family, module, engine, temp, variant=variant, dtype=dtype, opset=opset, phase=phase, bar=bar, keep_fp32=keep_fp32,
-                    run_smoke=smoke_plan["ran"],
-                )  # fmt: skip
+            context = ExportContext(
+                family, streamed, temp, variant, dtype, opset, phase, bar.update, keep_fp32=keep_fp32, reuse=reuse, engine=engine, eager=eager
+            )  # fmt: skip
+            shared = _export_shared(context) if shared_context else None
+            media = export_media(context) if family.reads_media else None
+            del eager, context
             phase("finalize")
             manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, parity, shared, media)
             manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
-            manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed}
+            manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed, "weights": "streamed from the package"}
             write_manifest(temp, manifest)
             bar.update()
     finally:
@@ -169,21 +164,60 @@ def export_family(
     return json.loads((out / "artifact.json").read_text())
 
 
-def plan_smoke(mode: str, module: torch.nn.Module, weights_file: Path) -> dict:
-    """Whether the smoke parity runs, and the memory it needs: the eager model (already resident for the
-    trace) plus one ORT session over the artifact's weights."""
-    eager = sum(p.numel() * p.element_size() for p in [*module.parameters(), *module.buffers()])
+def plan_smoke(mode: str, family: Family, weights_file: Path) -> dict:
+    """Whether the smoke parity runs, and the memory it needs: the eager model in FP32 plus one ORT session
+    over the artifact's weights (the export itself holds neither)."""
+    eager = 4 * int(family.card().get("parameters") or 0)
     session = int(weights_file.stat().st_size * SESSION_MEMORY_FACTOR) if weights_file.exists() else 0
     available = available_memory_bytes()
     plan = {"mode": mode, "memory_needed_bytes": eager + session, "memory_available_bytes": available}
     if mode == "off":
         return {**plan, "ran": False, "reason": "--smoke off"}
-    if mode == "auto" and available is not None and session > available:
-        return {**plan, "ran": False, "reason": f"an ORT session needs about {session / 2**30:.1f} GiB, {available / 2**30:.1f} GiB free"}
+    if mode == "auto" and available is not None and eager + session > available:
+        needed = (eager + session) / 2**30
+        return {**plan, "ran": False, "reason": f"the eager model and an ORT session need about {needed:.1f} GiB, {available / 2**30:.1f} GiB free"}
     return {**plan, "ran": True, "reason": "--smoke on" if mode == "on" else "fits in free memory"}
 
 
-def _check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
+def emit_graph(
+    traced: TracedGraph,
+    temp: Path,
+    file: str,
+    data_file: str,
+    dtype: str,
+    *,
+    progress: bool = False,
+    reuse: dict | None = None,
+    keep_fp32: set[str] = frozenset(),
+    lower=None,
+) -> tuple[onnx.ModelProto, dict]:
+    """Stream a traced graph's weights into `data_file` (or point them at the main graph's, where `reuse`
+    has them), apply the graph passes, and save it as `file`; int8 then quantizes the graph (ORT's
+    quantizer, which holds the FP32 graph in memory). Returns the graph (external references) and
+    {"shared", "own"} weight counts."""
+    int8 = dtype == "int8"
+    proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=None if int8 else reuse)
+    trim_contrib_outputs(proto)
+    if lower is not None:
+        proto = lower(proto)
+    if not int8:
+        onnx.save_model(proto, str(temp / file))
+        return proto, {"shared": written.shared, "own": written.own, "index": written.index}
+    from onnx.external_data_helper import load_external_data_for_model
+
+    load_external_data_for_model(proto, str(temp))
+    base = temp / MODEL_FILE if reuse is not None else None
+    counts = _write_graph(proto, temp, dtype, file, data_file, base=base, keep_fp32=keep_fp32, progress=progress) or {}
+    return proto, {"shared": counts.get("shared", 0), "own": counts.get("own", 0), "index": {}}
+
+
+def _portable(model: onnx.ModelProto, gdn) -> onnx.ModelProto:
+    from export.portable import lower_to_portable
+
+    return lower_to_portable(model, gdn)
+
+
+def check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
     tolerance = SMOKE_TOLERANCE.get(dtype)
     if tolerance is not None and (smoke["max_abs_diff"] > tolerance or smoke["decisions_changed"]):
         raise ArtifactError(f"{what} failed: max |dp| {smoke['max_abs_diff']:.3g} (limit {tolerance}), {smoke['decisions_changed']} decision(s) changed")
@@ -220,20 +254,12 @@ def _write_graph(
 INT8_FP32_PROJECTIONS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight")
 
 
-def _fp32_weight_hashes(module: torch.nn.Module) -> set[str]:
+def _fp32_weight_hashes(streamed: StreamedModule) -> set[str]:
     """sha256 of every 2-D tensor int8 keeps FP32 (the readout / candidate head, and the mixers' output
     projections), as is and transposed: the exported graph names transposed weights by trace order, so
-    they are found by content."""
-    import hashlib
-
+    they are found by content. Read one at a time."""
     towers = ("backbone.", "text_model.", "visual.")
-    hashes = set()
-    for name, parameter in [*module.named_parameters(), *module.named_buffers()]:  # D3's readout is a buffer
-        if parameter.dim() != 2 or (name.startswith(towers) and not name.endswith(INT8_FP32_PROJECTIONS)):
-            continue
-        for tensor in (parameter, parameter.t()):
-            hashes.add(hashlib.sha256(tensor.detach().float().contiguous().numpy().tobytes()).hexdigest())
-    return hashes
+    return weight_hashes(streamed, lambda name: not name.startswith(towers) or name.endswith(INT8_FP32_PROJECTIONS))
 
 
 def _fp32_matmuls(model: onnx.ModelProto, keep_fp32: set[str]) -> list[str]:
@@ -268,33 +294,32 @@ def _quantized(model: onnx.ModelProto, temp: Path, keep_fp32: set[str] = frozens
         shutil.rmtree(staging)
 
 
-def _export_shared(
-    family: Family, module: torch.nn.Module, engine: Any, temp: Path, dtype: str, opset: int, phase, bar, keep_fp32: set[str], run_smoke: bool
-) -> dict:
-    """The shared_context graph: traced from forward_shared, written against the main graph's weights,
-    smoke-tested against the eager module's forward_shared."""
-    from runtime.engines.onnxruntime import OrtEngine
-
+def _export_shared(context: ExportContext) -> dict:
+    """The shared_context graph: traced from forward_shared, its weights read from the main graph's file,
+    smoke-tested against the eager module's forward_shared (when the smoke parity runs)."""
+    family, temp, dtype, phase = context.family, context.temp, context.dtype, context.phase
     phase("shared trace")
     plan = family.share(family.plan(SMOKE_STATE, SMOKE_QUESTIONS), 0)
     if not plan.batches[0].shared:
         raise ArtifactError("the smoke questions share no prefix; cannot trace the shared_context graph")
     inputs = plan.batches[0].inputs
-    model = _trace(module, inputs, opset, family.shared_input_names, family.shared_dynamic_axes, family.output_name, "forward_shared")
-    trim_contrib_outputs(model)
-    bar.update()
+    module = context.streamed.module
+    traced = trace(
+        context.streamed, module, inputs, context.opset, family.shared_input_names, family.shared_dynamic_axes, family.output_name, translation_table(module), "forward_shared"
+    )  # fmt: skip
+    context.step()
     phase("shared write")
-    weights = _write_graph(model, temp, dtype, SHARED_MODEL_FILE, SHARED_DATA_FILE, base=temp / MODEL_FILE, keep_fp32=keep_fp32)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, keep_fp32=context.keep_fp32)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
-    io = {"inputs": _io_schema(model.graph.input), "outputs": _io_schema(model.graph.output)}
-    del model
-    bar.update()
+    io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
+    del model, traced
+    context.step()
     phase("shared smoke")
-    engine.attach_shared(temp / SHARED_MODEL_FILE)
-    smoke = smoke_parity(family, module, engine, profile="shared_context") if run_smoke else None
+    context.engine.attach_shared(temp / SHARED_MODEL_FILE)
+    smoke = smoke_parity(family, context.eager, context.engine, profile="shared_context") if context.eager is not None else None
     if smoke is not None:
-        _check_smoke(smoke, dtype, "shared_context smoke parity")
-    bar.update()
+        check_smoke(smoke, dtype, "shared_context smoke parity")
+    context.step()
     return {
         "model_file": SHARED_MODEL_FILE,
         "io": io,
@@ -304,30 +329,33 @@ def _export_shared(
     }
 
 
-def _build_module(family: Family, dtype: str) -> torch.nn.Module:
+def _numerics(family: Family):
+    return numerics_for(family.name, "cpu")
+
+
+def _build_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:
+    """The module the graphs are traced from: without `weights` its parameters are meta tensors (the trace
+    needs shapes only; `Family.weight_sources` says where each weight is read from when it is written)."""
     if hasattr(family, "merge_adapter"):
         family.merge_adapter = True  # LoRA merged into the base weights: one plain graph
-    module = family.build_module(numerics_for(family.name, "cpu"), torch.device("cpu"))
-    if dtype in ("fp16", "bf16"):
-        tower = getattr(module, "backbone", None) or module.text_model
-        tower.to(DTYPES[dtype])  # heads and readout stay FP32 (they upcast the hidden states)
+    module = family.build_module(_numerics(family), torch.device("cpu"), weights=weights)
     if hasattr(module, "full_mask_over_queries"):
         module.full_mask_over_queries = True
     return module.eval()
 
 
-def _gdn_dims(module: torch.nn.Module) -> tuple[int, int] | None:
+def gdn_dims(module: torch.nn.Module) -> tuple[int, int] | None:
     config = (getattr(module, "backbone", None) or module.text_model).config
     if "linear_attention" not in (getattr(config, "layer_types", None) or []):
         return None
     return config.linear_key_head_dim, config.linear_value_head_dim
 
 
-def _translation_table(module: torch.nn.Module) -> dict:
+def translation_table(module: torch.nn.Module) -> dict:
     from export import translations
 
     config = (getattr(module, "backbone", None) or module.text_model).config
-    if _gdn_dims(module) is None:
+    if gdn_dims(module) is None:
         return {}
     return {
         torch.ops.vsr.causal_conv1d_silu.default: translations.make_causal_conv1d_silu(
@@ -341,36 +369,6 @@ def _translation_table(module: torch.nn.Module) -> dict:
             config.linear_num_value_heads, config.linear_num_key_heads, config.linear_key_head_dim
         ),
     }
-
-
-def _trace(
-    module: torch.nn.Module, sample: dict[str, np.ndarray], opset: int, input_names, dynamic_axes: dict, output_name: str,
-    method: str = "forward", translations: dict | None = None,
-) -> onnx.ModelProto:  # fmt: skip
-    """torch.onnx (dynamo) trace of one of the module's methods (forward, forward_shared, forward_features);
-    traces of one module name parameters alike, which lets later graphs reuse the main graph's weights file."""
-    kwargs = {name: torch.from_numpy(np.ascontiguousarray(sample[name])) for name in input_names}
-    dims: dict[str, torch.export.Dim] = {}
-    dynamic_shapes = {}
-    for name in input_names:
-        axes = {}
-        for axis, label in dynamic_axes.get(name, {}).items():
-            dims.setdefault(label, torch.export.Dim(label, min=1, max=1 << 20))
-            axes[axis] = dims[label]
-        dynamic_shapes[name] = axes
-    if method != "forward":
-        module.forward = getattr(module, method)  # the instance attribute wins in nn.Module.__call__
-    try:
-        with patched_gdn(module), torch.inference_mode(False), torch.no_grad():
-            program = torch.onnx.export(
-                module, (), kwargs=kwargs, dynamic_shapes=dynamic_shapes, dynamo=True, opset_version=opset,
-                custom_translation_table=_translation_table(module) if translations is None else translations,
-                input_names=list(input_names), output_names=[output_name], optimize=True, verbose=False,
-            )  # fmt: skip
-    finally:
-        if method != "forward":
-            del module.forward
-    return program.model_proto
 
 
 def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact", media: Any = None) -> dict:
@@ -406,7 +404,7 @@ def _distribution(answer: dict) -> list[float]:
     return list(answer["probabilities"].values())
 
 
-def _io_schema(values) -> list[dict]:
+def io_schema(values) -> list[dict]:
     schema = []
     for value in values:
         tensor = value.type.tensor_type
@@ -442,7 +440,7 @@ def _manifest(
         "opset": opset,
         "op_domains": sorted({key.split("::")[0] for key in counts}),
         "op_counts": counts,
-        "io": {"inputs": _io_schema(model.graph.input), "outputs": _io_schema(model.graph.output)},
+        "io": {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)},
         "dynamic_axes": {name: {str(k): v for k, v in axes.items()} for name, axes in family.dynamic_axes.items()},
         "model_file": MODEL_FILE,
         "tools": {name: _version(name) for name in ("vllm-sr-runtime", "torch", "transformers", "onnx", "onnxscript", "onnxruntime")},

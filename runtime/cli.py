@@ -32,6 +32,7 @@ def cmd_fixture(args: argparse.Namespace) -> int:
         attention_mode=args.attention_mode,
         vision=args.vision,
         max_length=args.max_length,
+        layers=args.layers,
     )
     for path in written:
         print(path)
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--attention-mode", default="noncausal_full_attention", choices=["causal", "noncausal_full_attention"])
     fixture.add_argument("--vision", action="store_true", help="decision3: add a vision tower (visual. weights, processor configs)")
     fixture.add_argument("--max-length", type=int, help="decision3: the longest prompt the package declares (default 4096)")
+    fixture.add_argument("--layers", type=int, help="change the backbone's depth (hybrid backbones keep the 3:1 GDN / full-attention pattern)")
     fixture.add_argument("--out", required=True)
     fixture.set_defaults(func=cmd_fixture)
 

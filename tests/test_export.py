@@ -372,7 +372,57 @@ def test_too_little_disk_is_refused_before_any_work(packages, tmp_path, monkeypa
     from export import external_data
 
     monkeypatch.setattr(external_data, "BYTES_PER_PARAMETER", {"fp32": 1e12})
-    started = time.perf_counter()
     with pytest.raises(ArtifactError, match="not enough disk space"):
         export_package(packages["d3"], tmp_path / "deep" / "artifact", progress=False)
     assert not (tmp_path / "deep").exists()
+
+
+@pytest.mark.parametrize("name", ["d2_qwen3", "d2_qwen3_5", "d2_lora", "d3"])
+def test_streamed_graphs_equal_a_trace_with_weights(artifacts, packages, name):
+    """The artifact's graphs (and the shared_context graph) are the ones torch.onnx makes from the module with
+    its weights: same ops, same wiring, every weight byte-identical (so the same answers, bit for bit)."""
+    from export.exporter import SMOKE_QUESTIONS, SMOKE_STATE, _build_module, translation_table
+    from reference_trace import assert_same_graph, reference_trace
+    from runtime.families import open_family
+    from runtime.packages.resolve import resolve_package
+
+    ref = resolve_package(packages[name])
+    family = open_family(ref, **load_kwargs(name, packages[name]))
+    module = _build_module(family, "fp32")
+    artifact = artifacts[(name, "contrib")]
+    sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
+    reference = reference_trace(module, sample, family.input_names, family.dynamic_axes, family.output_name, translation_table(module))
+    assert_same_graph(onnx.load(str(artifact / "model.onnx")), reference)
+    if (name, "contrib") in WITH_SHARED:
+        inputs = family.share(family.plan(SMOKE_STATE, SMOKE_QUESTIONS), 0).batches[0].inputs
+        reference = reference_trace(
+            module, inputs, family.shared_input_names, family.shared_dynamic_axes, family.output_name, translation_table(module), "forward_shared"
+        )  # fmt: skip
+        assert_same_graph(onnx.load(str(artifact / "model_shared.onnx")), reference)
+
+
+def test_weights_stream_in_blocks_equal_to_the_whole_tensor(packages):
+    """Blocks of a few rows (or columns, transposed) concatenate to exactly the tensor the module holds."""
+    from runtime.families import open_family
+    from runtime.numerics import numerics_for
+    from runtime.packages.resolve import resolve_package
+
+    for name in ("d3", "d2_lora"):
+        family = open_family(resolve_package(packages[name]), **load_kwargs(name, packages[name]))
+        if hasattr(family, "merge_adapter"):
+            family.merge_adapter = True
+        sources = family.weight_sources(numerics_for(family.name, "cpu"))
+        module = family.build_module(numerics_for(family.name, "cpu"), torch.device("cpu"))
+        state = module.state_dict()
+        merged = 0
+        for key, source in sources.items():
+            whole = source.load()
+            assert torch.equal(whole, state[key]), key  # the source makes what the module loads
+            merged += source.lora is not None
+            if whole.dim() == 2:
+                blocks = list(source.chunks(max_bytes=3 * whole.shape[1] * whole.element_size()))
+                assert torch.equal(torch.cat(blocks), whole)
+                columns = list(source.chunks(transpose=True, max_bytes=3 * whole.shape[0] * whole.element_size()))
+                assert torch.equal(torch.cat(columns), whole.t())
+                assert source.lora is not None or len(blocks) == -(-whole.shape[0] // 3)
+        assert merged > 0 if name == "d2_lora" else merged == 0

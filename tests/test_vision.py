@@ -325,3 +325,35 @@ def test_bench_forward_with_media(packages, vision_artifact, tmp_path):
     video_tokens = 4 * (VIDEO_SIZE[0] // 32) * (VIDEO_SIZE[1] // 32)  # 8 frames sampled at 2 fps from 4 s: 4 pairs
     assert all(row["length"] > image_tokens + video_tokens for row in rows)
     assert all(row["median_ms"] > 0 and row["ratio_to_exact"] > 0 for row in rows)
+
+
+def test_streamed_media_graphs_equal_a_trace_with_weights(packages, vision_artifact):
+    """The vision graph and the media text graph are the ones torch.onnx makes from the module with its
+    weights (same ops and wiring, every weight byte-identical)."""
+    import onnx
+    import torch
+
+    from export.exporter import SMOKE_QUESTIONS, SMOKE_STATE, _build_module, translation_table
+    from export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision
+    from reference_trace import assert_same_graph, reference_trace
+    from runtime.families import open_family
+    from runtime.families.decision3.vision_segments import SEGMENT_INPUTS, VisionLayout, segment_groups
+    from runtime.packages.resolve import resolve_package
+
+    family = open_family(resolve_package(packages["d3_vision"]))
+    module = _build_module(family, "fp32")
+    media = family.sample_media()
+    (sample,) = segment_groups(media.pixel_values_videos, media.video_grid_thw, VisionLayout.of(module.visual))
+    reference = reference_trace(SegmentedVision(module.visual).eval(), sample.inputs, SEGMENT_INPUTS, VISION_DYNAMIC_AXES, VISION_OUTPUT, {})
+    assert_same_graph(onnx.load(str(vision_artifact / "vision.onnx")), reference)
+    batch = family.plan(SMOKE_STATE, SMOKE_QUESTIONS, media=media).batches[0]
+    with torch.no_grad():
+        features = {
+            "image_features": module.visual_features(torch.from_numpy(media.pixel_values), torch.from_numpy(media.image_grid_thw)),
+            "video_features": module.visual_features(torch.from_numpy(media.pixel_values_videos), torch.from_numpy(media.video_grid_thw)),
+        }
+    inputs = {**batch.inputs, **features}
+    reference = reference_trace(
+        module, inputs, family.media_input_names, family.media_dynamic_axes, family.output_name, translation_table(module), "forward_features"
+    )  # fmt: skip
+    assert_same_graph(onnx.load(str(vision_artifact / "model_media.onnx")), reference)

@@ -13,6 +13,7 @@ import torch
 from runtime.errors import QuestionError
 from runtime.families.answers import error_answer
 from runtime.families.questions import Question, parse_questions
+from runtime.families.weights import WeightSource
 from runtime.numerics import Numerics
 from runtime.packages.resolve import PackageRef
 
@@ -79,8 +80,13 @@ class Family(ABC):
         """The transformers text config of the backbone (no weights read)."""
 
     @abstractmethod
-    def build_module(self, numerics: Numerics, device: torch.device) -> torch.nn.Module:
-        """The backbone + readout as one module: forward(**inputs) -> readout output [rows, ...]."""
+    def build_module(self, numerics: Numerics, device: torch.device, *, weights: bool = True) -> torch.nn.Module:
+        """The backbone + readout as one module: forward(**inputs) -> readout output [rows, ...]. Without
+        `weights`, the large parameters are meta tensors (no memory) that `weight_sources` describes."""
+
+    @abstractmethod
+    def weight_sources(self, numerics: Numerics) -> dict[str, WeightSource]:
+        """Where each meta parameter of `build_module(weights=False)` is read from, by its name in the module."""
 
     @abstractmethod
     def render(self, state: Any, question: Question) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from runtime.families.decision2.readout import CandidateHead, answer_from_logits
 from runtime.families.questions import Question
 from runtime.families.shared_context import continue_from_prefix, suffix_arrays
 from runtime.families.tokenization import load_plain_tokenizer, pad_token_id
+from runtime.families.weights import LoraDelta, WeightSource, meta_tensors, tensor_index
 from runtime.numerics import Numerics
 from runtime.packages.files import read_json
 from runtime.packages.resolve import PackageRef, resolve_package
@@ -36,12 +38,20 @@ class Decision2Module(torch.nn.Module):
         self.autocast_dtype = autocast_dtype
 
     def _autocast(self, device: torch.device):
-        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None)
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()  # no autocast (also on the meta device an export traces on)
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+
+    def _fp32(self, device: torch.device):
+        """The head runs in FP32 whatever autocast is around it (meta, the device of a trace, has no autocast)."""
+        if not torch.amp.is_autocast_available(device.type):
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, enabled=False)
 
     def forward(self, input_ids, attention_mask, position_ids, option_index, option_mask, query_index):
         with self._autocast(input_ids.device):
             hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-        with torch.autocast(device_type=input_ids.device.type, enabled=False):
+        with self._fp32(input_ids.device):
             return self.head(hidden, option_index, option_mask, query_index)
 
     def forward_shared(self, prefix_ids, input_ids, attention_mask, option_index, option_mask, query_index):
@@ -50,7 +60,7 @@ class Decision2Module(torch.nn.Module):
         embed = self.backbone.get_input_embeddings()
         with self._autocast(input_ids.device):
             hidden = continue_from_prefix(self.backbone, embed(prefix_ids), embed(input_ids), attention_mask, causal=True)
-        with torch.autocast(device_type=input_ids.device.type, enabled=False):
+        with self._fp32(input_ids.device):
             return self.head(hidden, option_index, option_mask, query_index)
 
 
@@ -99,18 +109,34 @@ class Decision2Family(Family):
             data = base_config.get("text_config", base_config)
         return text_config_from_dict(package.backbone_type, {**data, "model_type": package.backbone_type})
 
-    def build_backbone(self, dtype: torch.dtype) -> torch.nn.Module:
+    def _backbone_files(self) -> tuple[list[Path], str, Path, str]:
+        """The backbone's weight files, their key prefix, the folder they are under, and where they come from."""
         package = self.package
         if package.profile == "qwen-full":
-            files = sorted((package.root / "backbone").glob("*.safetensors"))
-            tensors = read_tensors(files, "", package.root)
-            where = "backbone/"
-        else:
-            files = sorted(package.base.path.glob("*.safetensors"))
-            tensors = read_tensors(files, BASE_PREFIX, package.base.path)
+            return sorted((package.root / "backbone").glob("*.safetensors")), "", package.root, "backbone/"
+        return sorted(package.base.path.glob("*.safetensors")), BASE_PREFIX, package.base.path, f"base:{package.base.repo_id}"
+
+    def build_backbone(self, dtype: torch.dtype, weights: bool = True) -> torch.nn.Module:
+        files, prefix, root, where = self._backbone_files()
+        tensors = read_tensors(files, prefix, root) if weights else meta_tensors(tensor_index(files, prefix, root))
+        if self.package.profile != "qwen-full":
             tensors = {k: v for k, v in tensors.items() if not k.startswith("mtp")}
-            where = f"base:{package.base.repo_id}"
-        return build_text_model(package.backbone_type, self.backbone_config(), tensors, dtype, where)
+        return build_text_model(self.package.backbone_type, self.backbone_config(), tensors, dtype, where)
+
+    def weight_sources(self, numerics: Numerics) -> dict[str, WeightSource]:
+        """The backbone's weights (the base's for an adapter package, the LoRA pairs merged in as PEFT merges them)."""
+        files, prefix, root, _ = self._backbone_files()
+        index = {k: ref for k, ref in tensor_index(files, prefix, root).items() if self.package.profile == "qwen-full" or not k.startswith("mtp")}
+        deltas: dict[str, LoraDelta] = {}
+        if self.package.profile == "qwen-adapter":
+            config = read_json(self.package.root, "adapter/adapter_config.json")
+            scaling = float(config["lora_alpha"]) / float(config["r"])
+            adapter = tensor_index([self.package.root / "adapter" / "adapter_model.safetensors"], "base_model.model.", self.package.root)
+            for key in adapter:
+                if key.endswith(".lora_A.weight"):
+                    target = key[: -len(".lora_A.weight")]
+                    deltas[f"{target}.weight"] = LoraDelta(adapter[key], adapter[f"{target}.lora_B.weight"], scaling)
+        return {f"backbone.{k}": WeightSource(ref, numerics.parameter_dtype, deltas.get(k)) for k, ref in index.items()}
 
     def build_head(self) -> CandidateHead:
         state = load_file(str(self.package.root / "decision_head.safetensors"))
@@ -122,15 +148,20 @@ class Decision2Family(Family):
         head.load_state_dict(state, strict=True)
         return head.eval()
 
-    def build_module(self, numerics: Numerics, device: torch.device) -> torch.nn.Module:
-        backbone = self.build_backbone(numerics.parameter_dtype)
+    def build_module(self, numerics: Numerics, device: torch.device, *, weights: bool = True) -> torch.nn.Module:
+        """Without `weights`, the backbone's parameters are meta tensors (see weight_sources) and an adapter
+        package's module is its merged form, which has the base's parameters."""
+        backbone = self.build_backbone(numerics.parameter_dtype, weights)
         if self.package.profile == "qwen-adapter":
-            backbone = self.apply_adapter(backbone, merge=self.merge_adapter)
+            if not weights and not self.merge_adapter:
+                raise PackageError("a module without weights is built merged (the exporter's form) only")
+            if weights:
+                backbone = self.apply_adapter(backbone, merge=self.merge_adapter)
         module = Decision2Module(backbone, self.build_head(), numerics.autocast_dtype)
         loaded = sum(p.numel() for p in module.parameters())
         if not self.merge_adapter and loaded != self.package.loaded_parameters:
             raise PackageError(f"loaded {loaded} parameters, the manifest says {self.package.loaded_parameters}", "MODEL_MANIFEST.json")
-        return module.to(device).eval()
+        return module.to(device).eval() if weights else module.eval()
 
     def apply_adapter(self, backbone: torch.nn.Module, *, merge: bool) -> torch.nn.Module:
         """PEFT LoRA with FP32 factors, unmerged (the reference) or merged into the base weights (export)."""

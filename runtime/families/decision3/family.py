@@ -22,6 +22,7 @@ from runtime.families.decision3.readout import CodeReadout, answer_from_probabil
 from runtime.families.questions import Question
 from runtime.families.shared_context import continue_from_prefix, suffix_arrays
 from runtime.families.tokenization import load_qwen2_tokenizer, pad_token_id
+from runtime.families.weights import TensorRef, WeightSource, meta_tensors, parameters_on_meta, tensor_index
 from runtime.numerics import Numerics
 from runtime.packages.files import sha256_file
 from runtime.packages.resolve import PackageRef
@@ -198,36 +199,48 @@ class Decision3Family(Family):
     def backbone_config(self):
         return text_config_from_dict("qwen3_5_text", self.package.config["text_config"])
 
-    def build_text_model(self, dtype: torch.dtype) -> torch.nn.Module:
+    def _weight_index(self, prefix: str) -> dict[str, TensorRef]:
         package = self.package
-        files = [package.root / rel for rel in package.weight_files]
-        tensors = read_tensors(files, package.text_prefix, package.root)
+        return tensor_index([package.root / rel for rel in package.weight_files], prefix, package.root)
+
+    def build_text_model(self, dtype: torch.dtype, weights: bool = True) -> torch.nn.Module:
+        package = self.package
+        if weights:
+            tensors = read_tensors([package.root / rel for rel in package.weight_files], package.text_prefix, package.root)
+        else:
+            tensors = meta_tensors(self._weight_index(package.text_prefix))
         return build_text_model("qwen3_5_text", self.backbone_config(), tensors, dtype, package.weight_files[0])
 
     def build_readout(self) -> CodeReadout:
         weight = load_file(str(self.package.root / "readout.safetensors"))["weight"]
         return CodeReadout(weight, self.package.temperature)
 
-    def build_vision_model(self, dtype: torch.dtype) -> torch.nn.Module | None:
+    def build_vision_model(self, dtype: torch.dtype, weights: bool = True) -> torch.nn.Module | None:
         package = self.package
         if not package.has_vision:
             return None
         from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
-        tensors = read_tensors([package.root / rel for rel in package.weight_files], package.vision_prefix, package.root)
-        model = Qwen3_5VisionModel(Qwen3_5VisionConfig(**package.config["vision_config"]))
+        config = Qwen3_5VisionConfig(**package.config["vision_config"])
+        if weights:
+            tensors = read_tensors([package.root / rel for rel in package.weight_files], package.vision_prefix, package.root)
+            model = Qwen3_5VisionModel(config)
+        else:
+            tensors = meta_tensors(self._weight_index(package.vision_prefix))
+            with parameters_on_meta():
+                model = Qwen3_5VisionModel(config)
         try:
-            model.load_state_dict(tensors, strict=True)
+            model.load_state_dict(tensors, strict=True, assign=not weights)
         except RuntimeError as exc:
             raise PackageError(f"vision weights do not fit vision_config: {str(exc)[:300]}", package.weight_files[0]) from None
         return model.to(dtype).eval()
 
-    def build_module(self, numerics: Numerics, device: torch.device) -> torch.nn.Module:
+    def build_module(self, numerics: Numerics, device: torch.device, *, weights: bool = True) -> torch.nn.Module:
         config = self.package.config
         module = Decision3Module(
-            self.build_text_model(numerics.parameter_dtype), self.build_readout(), self.noncausal,
-            visual=self.build_vision_model(numerics.parameter_dtype),
+            self.build_text_model(numerics.parameter_dtype, weights), self.build_readout(), self.noncausal,
+            visual=self.build_vision_model(numerics.parameter_dtype, weights),
             media_token_ids=(config.get("image_token_id", -1), config.get("video_token_id", -1)),
         )  # fmt: skip
         loaded = sum(p.numel() for p in module.text_model.parameters()) + module.readout.weight.numel()
@@ -237,7 +250,16 @@ class Decision3Family(Family):
             expected += self.package.parameters["vision"]
         if loaded != expected:
             raise PackageError(f"loaded {loaded} parameters, the manifest says {expected}", "MODEL_MANIFEST.json")
-        return module.to(device).eval()
+        return module.to(device).eval() if weights else module.eval()
+
+    def weight_sources(self, numerics: Numerics) -> dict[str, WeightSource]:
+        package = self.package
+        towers = [("text_model.", package.text_prefix)] + ([("visual.", package.vision_prefix)] if package.has_vision else [])
+        return {
+            name + key: WeightSource(ref, numerics.parameter_dtype)
+            for name, prefix in towers
+            for key, ref in self._weight_index(prefix).items()
+        }
 
     def render(self, state: Any, question: Question) -> RenderedQuestion:
         return render_question(state, question, self.tokenizer, self.codes, self.max_input_tokens)

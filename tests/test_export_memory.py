@@ -1,0 +1,41 @@
+"""Export memory is bounded by the largest tensor, not the model: a deeper model of the same width costs the
+trace-and-write phases almost nothing more (each export in a child process of its own; no timing)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runtime.fixtures.writer import write_fixture
+
+SHALLOW, DEEP = 2, 8
+
+
+def layer_parameters(hidden: int, ffn: int, heads: int, kv_heads: int, head_dim: int) -> int:
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2 + 2 * head_dim
+    return attention + 3 * hidden * ffn + 2 * hidden
+
+
+def trace_and_write_peak(package, out) -> int:
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "export", str(package), "--out", str(out), "--smoke", "off", "--quiet"],
+        capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    phases = {p["name"]: p for p in json.loads((out / "artifact.json").read_text())["export"]["phases"]}
+    assert phases["trace"]["peak_rss_scope"] == "phase"
+    return max(phases[name]["peak_rss_bytes"] for name in ("load", "trace", "write"))
+
+
+@pytest.mark.slow
+def test_trace_and_write_memory_does_not_follow_depth(tmp_path):
+    # Kai's width (hidden 1024, FFN 3072, 16 heads, head dim 128): each extra layer holds ~58 MB of fp32 weights.
+    packages = {layers: write_fixture("decision2", tmp_path / f"kai-{layers}", backbone="qwen3", size="kai", layers=layers)[0] for layers in (SHALLOW, DEEP)}
+    extra = (DEEP - SHALLOW) * layer_parameters(1024, 3072, 16, 8, 128) * 4
+    assert extra > 300 * 2**20
+    peaks = {layers: trace_and_write_peak(packages[layers], tmp_path / f"artifact-{layers}") for layers in (SHALLOW, DEEP)}
+    grown = peaks[DEEP] - peaks[SHALLOW]
+    assert grown < extra / 2, f"trace+write peak grew by {grown / 2**20:.0f} MiB for {extra / 2**20:.0f} MiB of extra weights"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -28,7 +29,7 @@ def questions(count: int = 6) -> dict:
     return made
 
 
-@pytest.mark.parametrize("name", ["d2_qwen3", "d2_qwen3_5", "d2_lora", "d3", "d3_causal"])
+@pytest.mark.parametrize("name", ["d2_qwen3", "d2_qwen3_5", "d2_lora", "d3_causal"])
 def test_shared_prefix_answers_like_exact(models, packages, name):
     exact = models(name)
     shared = runtime.load(packages[name], profile="shared_context", shared_min_tokens=1, **load_kwargs(name, packages[name]))
@@ -41,8 +42,8 @@ def test_shared_prefix_answers_like_exact(models, packages, name):
     assert plan.input_tokens == exact.plan(STATE, qs).input_tokens  # usage counts every question's full prompt
     answers = shared.ask(STATE, qs)
     assert list(answers) == list(qs) and shared.shared_questions == len(qs)
-    # Causal models compute exactly what the full rows compute; Decision 3.0's tiny fixture has its only
-    # full-attention layer last, so the bidirectional prefix->question loss is invisible there too.
+    # Causal models compute exactly what the full rows compute (non-causal Decision 3.0 does not:
+    # tests/test_attention_direction.py).
     assert_close(exact.ask(STATE, qs), answers, 1e-4)
 
 
@@ -106,3 +107,25 @@ def test_server_serves_shared_context_and_exact(packages, tmp_path):
         assert passes and float(passes[0].rsplit(" ", 1)[1]) == 1.0  # the exact request did not share
     finally:
         server.stop()
+
+
+def test_serve_refuses_approximate_shared_context_unless_asked(packages, tmp_path):
+    refused = Server([str(packages["d3"]), "--profile", "shared_context", "--device", "cpu"], log=tmp_path / "refused.log")
+    try:
+        refused.wait(status=503)
+        deadline = time.time() + 120
+        while (card := refused.request("GET", "/v1/models").json()["data"][0])["status"] == "loading" and time.time() < deadline:
+            time.sleep(0.2)
+        assert card["status"] == "failed" and "--allow-approximate-shared-context" in card["reason"], card
+        assert refused.request("GET", "/health").status == 503
+    finally:
+        refused.stop()
+    allowed = Server([str(packages["d3"]), "--profile", "shared_context", "--allow-approximate-shared-context", "--device", "cpu"], log=tmp_path / "allowed.log")
+    try:
+        allowed.wait()
+        reply = allowed.request("GET", "/v1/models")
+        CONTRACT.check("/v1/models", "GET", reply)
+        card = reply.json()["data"][0]
+        assert card["status"] == "ready" and card["shared_context"] == "approximate" and card["profile"] == "shared_context"
+    finally:
+        allowed.stop()

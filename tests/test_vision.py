@@ -357,3 +357,23 @@ def test_streamed_media_graphs_equal_a_trace_with_weights(packages, vision_artif
         module, inputs, family.media_input_names, family.media_dynamic_axes, family.output_name, translation_table(module), "forward_features"
     )  # fmt: skip
     assert_same_graph(onnx.load(str(vision_artifact / "model_media.onnx")), reference)
+
+
+def test_media_graphs_tell_causal_from_noncausal(packages, vision_artifact, tmp_path):
+    """With an image, the causal and non-causal readings of the same weights differ far beyond the media
+    graphs' tolerance, on eager and on the exported graphs alike."""
+    from attention_direction import FAR, TOLERANCE, max_difference
+    from export.exporter import export_package
+
+    causal_artifact = tmp_path / "causal"
+    export_package(packages["d3_vision_causal"], causal_artifact, progress=False, smoke="off")
+    eager = {name: runtime.load(packages[name]) for name in ("d3_vision", "d3_vision_causal")}
+    fast = {
+        "d3_vision": runtime.load(packages["d3_vision"], profile="max_speed", artifact=vision_artifact),
+        "d3_vision_causal": runtime.load(packages["d3_vision_causal"], profile="max_speed", artifact=causal_artifact),
+    }
+    media = {"images": [IMAGE]}
+    for name in eager:
+        assert max_difference(eager[name], fast[name], **media) <= TOLERANCE
+    assert max_difference(eager["d3_vision"], eager["d3_vision_causal"], **media) > FAR
+    assert max_difference(fast["d3_vision"], fast["d3_vision_causal"], **media) > FAR

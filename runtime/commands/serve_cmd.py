@@ -65,6 +65,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         batch_window_ms=args.batch_window_ms,
         max_batch_tokens=args.max_batch_tokens,
         shared_min_tokens=args.shared_min_tokens,
+        allow_approximate_shared_context=args.allow_approximate_shared_context,
         media_url_allow=tuple(h.strip() for h in (args.media_url_allow or "").split(",") if h.strip()),
         media_url_allow_private=args.media_url_allow_private,
         media_url_timeout_s=args.media_url_timeout,
@@ -89,7 +90,13 @@ def register(sub) -> None:
     parser.add_argument("model", nargs="*", help="MODEL[@REV] or package directory (none: a tiny synthetic Decision 3.0 package)")
     parser.add_argument("--models", help="YAML list of {model, revision, name, device, profile, artifact, base_path}")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | rocm[:N]")
-    parser.add_argument("--profile", default="exact", choices=["exact", "shared_context", "batching", "max_speed"])
+    parser.add_argument(
+        "--profile", default="exact", choices=["exact", "shared_context", "batching", "max_speed"],
+        help="exact: eager PyTorch, the reference; shared_context: a request's common prefix runs once (exact for causal "
+        "models; APPROXIMATE for Decision 3.0's non-causal packages, which lose the prefix-to-question direction of "
+        "attention: refused for them unless --allow-approximate-shared-context); batching: rows of concurrent requests "
+        "merged; max_speed: ONNX Runtime artifact",
+    )  # fmt: skip
     parser.add_argument("--artifact", help="exported artifact for max_speed (default: exported into the cache on first use)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
@@ -104,6 +111,10 @@ def register(sub) -> None:
     parser.add_argument(
         "--shared-min-tokens", type=int, default=64,
         help="shared_context: share a request's prefix only when (questions - 1) x prefix tokens reaches this",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-approximate-shared-context", action="store_true",
+        help="serve shared_context for non-causal models too, knowing its answers differ from exact (see README)",
     )  # fmt: skip
     parser.add_argument(
         "--media-url-allow", help="Decision 3.0 media: hosts whose http(s) image/video URLs may be fetched "

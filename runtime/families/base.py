@@ -187,6 +187,13 @@ class Family(ABC):
             plan.batches = self.batches(rendered) if media is None else self.media_batches(rendered, media)
         return plan
 
+    @property
+    def shared_context_exact(self) -> bool:
+        """Whether profile shared_context computes what the full rows compute. True for causal models (the
+        prefix never sees the questions); a model whose attention reads the prompt both ways loses the
+        prefix -> question direction when the prefix runs once."""
+        return True
+
     def card(self) -> dict:
         package = self.package
         return {
@@ -194,4 +201,5 @@ class Family(ABC):
             "model_sha256": package.model_sha256,
             "manifest_sha256": package.manifest_sha256,
             "max_input_tokens": self.max_input_tokens,
+            "shared_context": "exact" if self.shared_context_exact else "approximate",
         }

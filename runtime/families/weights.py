@@ -7,16 +7,19 @@ shapes, and the weights are streamed from the package into the artifact tensor b
 
 from __future__ import annotations
 
+import mmap
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import numpy as np
 from safetensors import safe_open
 
 from runtime.errors import PackageError
-from runtime.packages.safetensors_header import safetensors_header
+from runtime.packages.safetensors_header import safetensors_data_start, safetensors_header
 
 CHUNK_BYTES = 64 * 2**20  # what streaming holds of one weight at a time
 SAFETENSORS_DTYPES = {
@@ -27,12 +30,13 @@ SAFETENSORS_DTYPES = {
 
 @dataclass(frozen=True)
 class TensorRef:
-    """One tensor of one safetensors file, and its shape and stored dtype (from the header)."""
+    """One tensor of one safetensors file, its shape and stored dtype, and where its bytes start (from the header)."""
 
     file: Path
     key: str
     shape: tuple[int, ...]
     dtype: torch.dtype
+    offset: int = -1  # absolute byte offset of the tensor's data in the file
 
     def read(self) -> torch.Tensor:
         with safe_open(str(self.file), framework="pt") as handle:
@@ -67,26 +71,42 @@ class WeightSource:
             weight += delta.to(weight.dtype)
         return weight
 
-    def chunks(self, *, transpose: bool = False, max_bytes: int = CHUNK_BYTES):
+    def chunks(self, *, transpose: bool = False, max_bytes: int | None = None) -> Iterator[torch.Tensor]:
         """The weight (or, for a 2-D one, its transpose) in row-major blocks of at most about `max_bytes`,
-        each read from the package's file as it is needed: memory holds one block, not the tensor. A LoRA
-        merge is computed whole (a GEMM's rounding can depend on its shape, and the merge must equal PEFT's)."""
+        read from the package's file as they are needed, and the file's pages given back after each block:
+        memory holds one block, not the tensor. A LoRA merge is computed whole (a GEMM's rounding can depend
+        on its shape, and the merge must equal PEFT's)."""
         shape = self.ref.shape
-        if self.lora is not None or len(shape) == 0 or (transpose and len(shape) != 2):
+        if self.lora is not None or len(shape) == 0 or (transpose and len(shape) != 2) or self.ref.offset < 0:
             weight = self.load()
             yield weight.t().contiguous() if transpose else weight
             return
         item = torch.empty((), dtype=self.dtype).element_size()
         outer = shape[1] if transpose else shape[0]
-        per_step = max(1, int(max_bytes // max(1, item * (int(np.prod(shape)) // max(1, outer)))))
-        with safe_open(str(self.ref.file), framework="pt") as handle:
-            view = handle.get_slice(self.ref.key)
-            for start in range(0, outer, per_step):
-                stop = min(outer, start + per_step)
-                if transpose:
-                    yield view[:, start:stop].to(self.dtype).t().contiguous()
-                else:
-                    yield view[start:stop].to(self.dtype).contiguous()
+        inner = int(np.prod(shape)) // max(1, outer)
+        per_step = max(1, int((max_bytes or CHUNK_BYTES) // max(1, item * inner)))
+        with open(self.ref.file, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # a read-only map: nothing here writes to it
+                stored = torch.frombuffer(mapped, dtype=self.ref.dtype, count=int(np.prod(shape)), offset=self.ref.offset).view(shape)
+            try:
+                for start in range(0, outer, per_step):
+                    stop = min(outer, start + per_step)
+                    view = stored[:, start:stop].t() if transpose else stored[start:stop]
+                    block = view.to(self.dtype).contiguous() if view.dtype != self.dtype else view.contiguous().clone()
+                    del view
+                    yield block
+                    _release(mapped, self.ref.offset, stored.numel() * stored.element_size())
+            finally:
+                del stored  # no view may outlive the map
+
+
+def _release(mapped: mmap.mmap, offset: int, length: int) -> None:
+    """Drop the mapped pages of a tensor from this process's resident set (they stay in the page cache)."""
+    if not hasattr(mapped, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = offset - offset % mmap.PAGESIZE
+    mapped.madvise(mmap.MADV_DONTNEED, start, min(len(mapped) - start, length + (offset - start)))
 
 
 def tensor_index(files: list[Path], prefix: str, root: Path) -> dict[str, TensorRef]:
@@ -94,12 +114,13 @@ def tensor_index(files: list[Path], prefix: str, root: Path) -> dict[str, Tensor
     index: dict[str, TensorRef] = {}
     for path in files:
         rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+        start = safetensors_data_start(path)
         for key, entry in safetensors_header(path, rel).items():
             if key.startswith(prefix):
                 dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
                 if dtype is None:
                     raise PackageError(f"tensor {key} has unsupported dtype {entry['dtype']}", rel)
-                index[key[len(prefix) :]] = TensorRef(path, key, tuple(entry["shape"]), dtype)
+                index[key[len(prefix) :]] = TensorRef(path, key, tuple(entry["shape"]), dtype, start + int(entry["data_offsets"][0]))
     if not index:
         raise PackageError(f"no tensors with prefix {prefix!r}", ", ".join(p.name for p in files))
     return index

@@ -30,6 +30,13 @@ def safetensors_header(path: Path, rel: str | None = None) -> dict[str, dict]:
     return header
 
 
+def safetensors_data_start(path: Path) -> int:
+    """Byte offset where the tensors' data begins (after the 8-byte length and the JSON header)."""
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+    return 8 + length
+
+
 def safetensors_element_count(path: Path, rel: str | None = None, prefix: str | None = None) -> int:
     header = safetensors_header(path, rel)
     return sum(

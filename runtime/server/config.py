@@ -56,6 +56,7 @@ class ServeConfig:
     batch_window_ms: float = 2.0
     max_batch_tokens: int = 65_536
     shared_min_tokens: int = 64
+    allow_approximate_shared_context: bool = False  # shared_context for models where it is not exact (non-causal)
     media_url_allow: tuple[str, ...] = ()  # hosts whose http(s) media URLs may be fetched; empty: none
     media_url_allow_private: bool = False
     media_url_timeout_s: float = 10.0

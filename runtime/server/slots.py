@@ -41,6 +41,13 @@ class ModelSlot:
                 base_path=self.spec.base_path,
                 shared_min_tokens=self.config.shared_min_tokens,
             )
+            if self.profile == "shared_context" and not model.family.shared_context_exact and not self.config.allow_approximate_shared_context:
+                raise ValueError(
+                    f"profile shared_context is approximate for {self.name}: its full-attention layers read the prompt both ways, "
+                    "and running the prefix once drops the prefix-to-question direction (answers differ from exact; see "
+                    "`vllm-sr-runtime parity --profile shared_context`); serve it with --allow-approximate-shared-context, "
+                    "or use exact, batching or max_speed"
+                )
             if hasattr(model.family, "url_policy"):
                 from runtime.families.decision3.media_urls import UrlPolicy
 

@@ -196,6 +196,10 @@ class Decision3Family(Family):
     def noncausal(self) -> bool:
         return self.package.attention_mode == "noncausal_full_attention"
 
+    @property
+    def shared_context_exact(self) -> bool:
+        return not self.noncausal
+
     def backbone_config(self):
         return text_config_from_dict("qwen3_5_text", self.package.config["text_config"])
 

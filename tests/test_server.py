@@ -219,3 +219,36 @@ def test_several_models_by_name(packages, tmp_path):
         assert reply.status == 400 and "required" in reply.json()["error"]["message"]
     finally:
         server.stop()
+
+
+def test_system_one_alias_and_repeated_served_model_names(packages, tmp_path):
+    """System One superset: `model` may be omitted with one model served, `jev-latest` names the default
+    model, and each extra --served-model-name is an alias; other names are still 404s."""
+    server = Server([str(packages["d3"]), "--served-model-name", "tiny", "--served-model-name", "tiny-alias", "--device", "cpu"], log=tmp_path / "log")
+    try:
+        server.wait()
+        card = checked(server, "GET", "/v1/models").json()["data"][0]
+        assert card["id"] == "tiny" and card["aliases"] == ["jev-latest", "tiny-alias"]
+        answers = []
+        for model in (None, "tiny", "tiny-alias", "jev-latest"):
+            body = {"state": STATE, "questions": QUESTIONS} | ({"model": model} if model else {})
+            for path in ("/v1/systemone", "/v1/decisions"):
+                reply = checked(server, "POST", path, body)
+                assert reply.status == 200, (model, path, reply.body)
+                assert reply.json()["model"] == "tiny"
+                answers.append(reply.json()["answers"])
+        assert all(a == answers[0] for a in answers)
+        missing = checked(server, "POST", "/v1/systemone", {"model": "jev-other", "state": STATE, "questions": QUESTIONS})
+        assert missing.status == 404 and missing.json()["error"]["code"] == "model_not_found"
+    finally:
+        server.stop()
+
+
+def test_the_system_one_alias_cannot_name_a_model():
+    from runtime.errors import InvalidRequest
+    from runtime.server.config import ModelSpec, check_names
+
+    with pytest.raises(InvalidRequest, match="jev-latest"):
+        check_names([ModelSpec(model="a", name="jev-latest")])
+    with pytest.raises(InvalidRequest, match="duplicate"):
+        check_names([ModelSpec(model="a", name="x"), ModelSpec(model="b", name="y", aliases=("x",))])

@@ -43,8 +43,9 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         specs.append(ModelSpec(model=default_model(args.cache_dir)))
     if args.served_model_name:
         if len(specs) != 1:
-            raise ValueError("--served-model-name needs exactly one model (use name: in --models for several)")
-        specs[0].name = args.served_model_name
+            raise ValueError("--served-model-name needs exactly one model (use name: and aliases: in --models for several)")
+        specs[0].name, *extra = args.served_model_name
+        specs[0].aliases = (*specs[0].aliases, *extra)
     if args.artifact:
         if len(specs) != 1:
             raise ValueError("--artifact needs exactly one model (use artifact: in --models for several)")
@@ -122,7 +123,10 @@ def register(sub) -> None:
     )  # fmt: skip
     parser.add_argument("--media-url-allow-private", action="store_true", help="also fetch from loopback/private addresses")
     parser.add_argument("--media-url-timeout", type=float, default=10.0, help="seconds per media URL fetch")
-    parser.add_argument("--served-model-name")
+    parser.add_argument(
+        "--served-model-name", action="append",
+        help="the name requests use for the model; repeat to add aliases (the System One alias jev-latest always names the first model)",
+    )  # fmt: skip
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")
     parser.add_argument("--base-path", help="local copy of an adapter package's base checkpoint")

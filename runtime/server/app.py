@@ -17,7 +17,7 @@ import orjson
 from runtime.errors import InvalidRequest, ModelNotFound, NotReady, RequestTooLarge, RuntimeServiceError
 from runtime.families.answers import error_answer
 from runtime.server import metrics
-from runtime.server.config import MAX_DEADLINE_MS, ServeConfig
+from runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
 from runtime.server.slots import ModelSlot
 
 log = logging.getLogger("vllm_sr_runtime.server")
@@ -35,6 +35,9 @@ class Server:
     def __init__(self, config: ServeConfig, slots: list[ModelSlot]):
         self.config = config
         self.slots = {slot.name: slot for slot in slots}
+        self.aliases = model_aliases(config.models, list(self.slots))
+        for slot in slots:
+            slot.aliases = sorted(alias for alias, name in self.aliases.items() if name == slot.name)
 
     # -- request parsing -----------------------------------------------------------------------------
     def read_body(self, req: falcon.Request) -> dict:
@@ -96,6 +99,7 @@ class Server:
             raise InvalidRequest(f"'model' is required when several models are served ({', '.join(self.slots)})")
         if not isinstance(name, str):
             raise InvalidRequest("'model' must be a string")
+        name = self.aliases.get(name, name)
         if name not in self.slots:
             raise ModelNotFound(f"model {name!r} is not served here (served: {', '.join(self.slots)})")
         return self.slots[name]

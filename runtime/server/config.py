@@ -9,6 +9,7 @@ from pathlib import Path
 from runtime.errors import InvalidRequest
 from runtime.packages.resolve import parse_model_ref
 
+SYSTEM_ONE_ALIAS = "jev-latest"  # the System One name of "the default model": the first one served
 DEFAULT_MAX_REQUEST_BYTES = 48 * 1024 * 1024  # a realistic video as a base64 data URL (the reference runtime's limit)
 DEFAULT_DEADLINE_MS = 30_000
 MAX_DEADLINE_MS = 600_000
@@ -23,6 +24,7 @@ class ModelSpec:
     profile: str | None = None
     artifact: str | None = None
     base_path: str | None = None
+    aliases: tuple[str, ...] = ()  # more names requests may use for this model
 
     def served_name(self) -> str:
         """The name requests use: the spec's name, else the package's model_name (local), else the repo id."""
@@ -86,12 +88,26 @@ def load_models_file(path: str) -> list[ModelSpec]:
         unknown = sorted(set(entry) - known)
         if unknown:
             raise InvalidRequest(f"--models {path}: entry {index} has unknown field(s) {', '.join(unknown)}")
-        specs.append(ModelSpec(**{k: (str(v) if v is not None else None) for k, v in entry.items()}))
+        aliases = entry.pop("aliases", None) or []
+        if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+            raise InvalidRequest(f"--models {path}: entry {index} 'aliases' must be a list of names")
+        specs.append(ModelSpec(**{k: (str(v) if v is not None else None) for k, v in entry.items()}, aliases=tuple(aliases)))
     return specs
 
 
 def check_names(specs: list[ModelSpec]) -> None:
-    names = [spec.served_name() for spec in specs]
+    names = [spec.served_name() for spec in specs] + [alias for spec in specs for alias in spec.aliases]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise InvalidRequest(f"duplicate served model name(s): {', '.join(duplicates)} (give each a name)")
+    if SYSTEM_ONE_ALIAS in names:
+        raise InvalidRequest(f"{SYSTEM_ONE_ALIAS} is the System One alias of the default (first) model; it cannot name a model")
+
+
+def model_aliases(specs: list[ModelSpec], names: list[str]) -> dict[str, str]:
+    """Every extra name a request may use -> the served model it names: System One's alias of the default
+    model, and each model's own aliases."""
+    aliases = {SYSTEM_ONE_ALIAS: names[0]} if names else {}
+    for spec, name in zip(specs, names):
+        aliases.update({alias: name for alias in spec.aliases})
+    return aliases

@@ -24,6 +24,7 @@ class ModelSlot:
         self.model: Any = None
         self.scheduler: Scheduler | None = None
         self.profiles = [self.profile]
+        self.aliases: list[str] = []  # other names requests may use (the server sets them)
         metrics.READY.labels(model=name).set(0)
 
     def load(self) -> None:
@@ -106,7 +107,10 @@ class ModelSlot:
     def card(self) -> dict:
         from runtime.families.questions import MAX_LEVELS, MAX_OPTIONS, MAX_QUESTIONS, MIN_LEVELS, MIN_OPTIONS
 
-        base = {"id": self.name, "object": "model", "ready": self.ready, "status": self.state, "profile": self.profile, "profiles": list(self.profiles)}
+        base = {
+            "id": self.name, "object": "model", "aliases": list(self.aliases), "ready": self.ready, "status": self.state,
+            "profile": self.profile, "profiles": list(self.profiles),
+        }  # fmt: skip
         if self.reason:
             base["reason"] = self.reason
         if not self.ready:

@@ -252,3 +252,22 @@ def test_the_system_one_alias_cannot_name_a_model():
         check_names([ModelSpec(model="a", name="jev-latest")])
     with pytest.raises(InvalidRequest, match="duplicate"):
         check_names([ModelSpec(model="a", name="x"), ModelSpec(model="b", name="y", aliases=("x",))])
+
+
+def test_over_limit_body_gets_413_on_tcp_and_unix_socket(packages, tmp_path):
+    """A client that writes its whole 2 MiB body before reading (http.client) reads the 413 envelope on both
+    transports, not a broken pipe."""
+    body = json.dumps({"state": "x" * (2 * 1024 * 1024), "questions": QUESTIONS}).encode()
+    socket_dir = tmp_path / "sock"
+    socket_dir.mkdir(mode=0o700)
+    for uds in (None, str(socket_dir / "serve.sock")):
+        server = Server([str(packages["d3"]), "--max-request-bytes", "1000000", "--device", "cpu"], uds=uds, log=tmp_path / "log")
+        try:
+            server.wait()
+            for _ in range(2):  # and the connection's next request is not confused by the rest of the body
+                reply = server.request("POST", "/v1/systemone", raw=body)
+                CONTRACT.check("/v1/systemone", "POST", reply)
+                assert reply.status == 413 and reply.json()["error"]["code"] == "request_too_large", (uds, reply.status)
+            assert server.post({"state": STATE, "questions": QUESTIONS}).status == 200
+        finally:
+            server.stop()

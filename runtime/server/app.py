@@ -31,6 +31,9 @@ def _json(resp: falcon.Response, status: int, body: Any) -> None:
     resp.data = orjson.dumps(body)
 
 
+DISCARD_BYTES = 64 * 1024 * 1024  # how much of an over-limit body is read and dropped before answering 413
+
+
 class Server:
     def __init__(self, config: ServeConfig, slots: list[ModelSlot]):
         self.config = config
@@ -43,9 +46,11 @@ class Server:
     def read_body(self, req: falcon.Request) -> dict:
         limit = self.config.max_request_bytes
         if req.content_length is not None and req.content_length > limit:
+            self.discard_body(req)
             raise RequestTooLarge(f"request body is {req.content_length} bytes, the limit is {limit}")
         raw = req.bounded_stream.read(limit + 1)
         if len(raw) > limit:
+            self.discard_body(req, always_close=True)  # no length given: whatever follows is unknown
             raise RequestTooLarge(f"request body is over the limit of {limit} bytes")
         try:
             body = orjson.loads(raw)
@@ -54,6 +59,17 @@ class Server:
         if not isinstance(body, dict):
             raise InvalidRequest("request body must be a JSON object")
         return body
+
+    @staticmethod
+    def discard_body(req: falcon.Request, always_close: bool = False) -> None:
+        """Read and drop what the client sends beyond the limit, up to DISCARD_BYTES, so that a client that
+        writes its whole body before reading (http.client does) reads the 413 instead of a broken pipe; on a
+        Unix socket the small kernel buffers fill long before TCP's do. Beyond that bound the connection is
+        closed after the answer."""
+        stream, left = req.bounded_stream, DISCARD_BYTES
+        while left > 0 and (chunk := stream.read(min(left, 1 << 20))):
+            left -= len(chunk)
+        req.context.close_connection = always_close or left <= 0
 
     def validate(self, body: dict) -> tuple[ModelSlot, dict]:
         if "instructions" in body:
@@ -229,6 +245,8 @@ def _handle_error(req: falcon.Request, resp: falcon.Response, error: Exception, 
         _json(resp, error.status, error.envelope())
         if error.status == 429:
             resp.set_header("Retry-After", "1")
+        if getattr(req.context, "close_connection", False):
+            resp.set_header("Connection", "close")  # part of the body was never read: this connection cannot carry another request
         return
     if isinstance(error, falcon.HTTPError):
         code = {404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}.get(error.status_code, "invalid_request")

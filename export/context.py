@@ -23,7 +23,6 @@ class ExportContext:
     opset: int
     phase: Callable[[str], None]
     step: Callable[[], Any]  # one phase done (the progress bar)
-    keep_fp32: set[str] = field(default_factory=set)  # int8: weight hashes whose MatMuls stay FP32
     reuse: dict[Provenance, tuple[str, int, int]] = field(default_factory=dict)  # the main graph's weights, where written
     engine: Any = None  # the ORT engine over the main graph, once it loaded
     eager: torch.nn.Module | None = None  # the module with its weights, while the smoke parity runs

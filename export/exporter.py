@@ -15,10 +15,11 @@ from tqdm import tqdm
 
 from export.artifact import ARTIFACT_SCHEMA, atomic_directory, write_manifest
 from export.context import ExportContext
-from export.external_data import check_disk_space, save_with_external_data
+from export.disk_space import check_disk_space
 from export.graph_passes import op_counts, trim_contrib_outputs
 from export.phases import PhaseClock, available_memory_bytes
-from export.streaming import StreamedModule, TracedGraph, trace, weight_hashes, write_graph
+from export.int8 import quantize_matmuls
+from export.streaming import StreamedModule, TracedGraph, trace, write_graph
 from runtime.errors import ArtifactError
 from runtime.families import open_family
 from runtime.families.base import Family
@@ -119,9 +120,8 @@ def export_family(
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            keep_fp32 = _fp32_weight_hashes(streamed) if dtype == "int8" else set()
             lower = (lambda model: _portable(model, gdn)) if variant == "portable" else None
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, keep_fp32=keep_fp32, lower=lower)
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, lower=lower)
             reuse = main_weights["index"]
             del traced, proto
             for rel in RUNTIME_FILES:
@@ -148,7 +148,7 @@ def export_family(
                 check_smoke(parity, dtype)
             bar.update()
             context = ExportContext(
-                family, streamed, temp, variant, dtype, opset, phase, bar.update, keep_fp32=keep_fp32, reuse=reuse, engine=engine, eager=eager
+                family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager
             )  # fmt: skip
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
@@ -188,27 +188,19 @@ def emit_graph(
     *,
     progress: bool = False,
     reuse: dict | None = None,
-    keep_fp32: set[str] = frozenset(),
     lower=None,
 ) -> tuple[onnx.ModelProto, dict]:
-    """Stream a traced graph's weights into `data_file` (or point them at the main graph's, where `reuse`
-    has them), apply the graph passes, and save it as `file`; int8 then quantizes the graph (ORT's
-    quantizer, which holds the FP32 graph in memory). Returns the graph (external references) and
-    {"shared", "own"} weight counts."""
-    int8 = dtype == "int8"
-    proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=None if int8 else reuse)
+    """Quantize the graph's MatMuls for int8 (each weight quantized when it is written), stream its
+    weights into `data_file` (or point them at the main graph's, where `reuse` has them), apply the graph
+    passes, and save it as `file`. Returns the graph (external references) and weight counts."""
+    if dtype == "int8":
+        quantize_matmuls(traced)
+    proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=reuse)
     trim_contrib_outputs(proto)
     if lower is not None:
         proto = lower(proto)
-    if not int8:
-        onnx.save_model(proto, str(temp / file))
-        return proto, {"shared": written.shared, "own": written.own, "index": written.index}
-    from onnx.external_data_helper import load_external_data_for_model
-
-    load_external_data_for_model(proto, str(temp))
-    base = temp / MODEL_FILE if reuse is not None else None
-    counts = _write_graph(proto, temp, dtype, file, data_file, base=base, keep_fp32=keep_fp32, progress=progress) or {}
-    return proto, {"shared": counts.get("shared", 0), "own": counts.get("own", 0), "index": {}}
+    onnx.save_model(proto, str(temp / file))
+    return proto, {"shared": written.shared, "own": written.own, "index": written.index}
 
 
 def _portable(model: onnx.ModelProto, gdn) -> onnx.ModelProto:
@@ -221,77 +213,6 @@ def check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
     tolerance = SMOKE_TOLERANCE.get(dtype)
     if tolerance is not None and (smoke["max_abs_diff"] > tolerance or smoke["decisions_changed"]):
         raise ArtifactError(f"{what} failed: max |dp| {smoke['max_abs_diff']:.3g} (limit {tolerance}), {smoke['decisions_changed']} decision(s) changed")
-
-
-def _write_graph(
-    model: onnx.ModelProto,
-    temp: Path,
-    dtype: str,
-    file: str,
-    data_file: str,
-    base: Path | None = None,
-    keep_fp32: set[str] = frozenset(),
-    progress: bool = False,
-) -> dict | None:
-    """Save one graph of the artifact (quantized first for int8, except MatMuls whose weight hash is in
-    `keep_fp32`); with `base`, weights equal to base's are read from base's data file instead of being
-    written again (returns the counts)."""
-    if dtype == "int8":
-        model = _quantized(model, temp, keep_fp32)
-    if base is None:
-        save_with_external_data(model, temp / file, data_file, progress=progress)
-        return None
-    from export.weight_sharing import save_sharing_weights
-
-    return save_sharing_weights(model, temp / file, data_file, base)
-
-
-# Backbone weights kept FP32 under --dtype int8, by parameter-name suffix: the token mixers' output
-# projections. Their inputs (attention / Gated DeltaNet outputs) carry the outliers that per-tensor
-# dynamic activation quantization handles worst: on a confident d3-lite package, keeping just these
-# ~10% of the FLOPs in FP32 took int8's changed decisions from 12/39 to 0/39 on its flip-prone requests
-# (other groups kept FP32 instead: 3-11/39).
-INT8_FP32_PROJECTIONS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight")
-
-
-def _fp32_weight_hashes(streamed: StreamedModule) -> set[str]:
-    """sha256 of every 2-D tensor int8 keeps FP32 (the readout / candidate head, and the mixers' output
-    projections), as is and transposed: the exported graph names transposed weights by trace order, so
-    they are found by content. Read one at a time."""
-    towers = ("backbone.", "text_model.", "visual.")
-    return weight_hashes(streamed, lambda name: not name.startswith(towers) or name.endswith(INT8_FP32_PROJECTIONS))
-
-
-def _fp32_matmuls(model: onnx.ModelProto, keep_fp32: set[str]) -> list[str]:
-    import hashlib
-
-    weights = {t.name: t for t in model.graph.initializer if t.HasField("raw_data")}
-    return [
-        node.name for node in model.graph.node
-        if node.op_type == "MatMul" and node.input[1] in weights and hashlib.sha256(weights[node.input[1]].raw_data).hexdigest() in keep_fp32
-    ]  # fmt: skip
-
-
-def _quantized(model: onnx.ModelProto, temp: Path, keep_fp32: set[str] = frozenset()) -> onnx.ModelProto:
-    """ORT's dynamic quantization: MatMuls with constant weights become signed-int8 MatMulInteger (the kernel
-    that pays on AVX-512 VNNI CPUs, export-notes) with per-output-channel weight scales (they removed the last
-    changed decision of `parity --suite short` on a confident d3-lite package, for ~4% more int8 time). The
-    MatMuls whose weight hash is in `keep_fp32` (the head, whose logits are the answer; the mixers' output
-    projections) and every other op stay FP32."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    excluded = _fp32_matmuls(model, keep_fp32)
-    staging = temp / "int8-staging"
-    staging.mkdir()
-    try:
-        onnx.save_model(model, str(staging / "fp32.onnx"), save_as_external_data=True, all_tensors_to_one_file=True, location="fp32.onnx.data", size_threshold=1024)
-        quantize_dynamic(
-            str(staging / "fp32.onnx"), str(staging / "int8.onnx"), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-            per_channel=True, use_external_data_format=True, extra_options={"MatMulConstBOnly": True}, nodes_to_exclude=excluded,
-        )  # fmt: skip
-        return onnx.load(str(staging / "int8.onnx"), load_external_data=True)
-    finally:
-        shutil.rmtree(staging)
 
 
 def _export_shared(context: ExportContext) -> dict:
@@ -309,7 +230,7 @@ def _export_shared(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("shared write")
-    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, keep_fp32=context.keep_fp32)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
     del model, traced

@@ -63,7 +63,7 @@ def export_media(context: ExportContext) -> dict:
         from export.portable import lower_to_portable
 
         lower = lambda model: lower_to_portable(model, gdn_dims(module))  # noqa: E731
-    proto, weights = emit_graph(text, temp, MEDIA_MODEL_FILE, MEDIA_DATA_FILE, dtype, reuse=context.reuse, keep_fp32=context.keep_fp32, lower=lower)
+    proto, weights = emit_graph(text, temp, MEDIA_MODEL_FILE, MEDIA_DATA_FILE, dtype, reuse=context.reuse, lower=lower)
     text_io = {"inputs": io_schema(proto.graph.input), "outputs": io_schema(proto.graph.output)}
     del text, proto
     onnx.checker.check_model(str(temp / MEDIA_MODEL_FILE), full_check=False)

@@ -4,8 +4,10 @@ The module is built with meta parameters (`Family.build_module(weights=False)`);
 shapes. Every initializer of the traced graph becomes a lazy tensor that reads its weight from the
 package (`Family.weight_sources`) when it is written, so the exporter holds one weight at a time, never
 the model. The graph is optimized exactly as torch.onnx's `optimize=True` does (onnxscript's optimizer
-and fusions); the one fold that optimizer applies to large weights, a Transpose of a weight read by
-nothing else, is done lazily here first, so the artifact has today's graph and today's weight values.
+and fusions); the fold that optimizer applies to weights, a Transpose of a weight (any weight up to its
+fold size limit, a larger one only when nothing else reads it), is done lazily here first, so the artifact
+has today's graph and today's weight values, and every folded weight keeps its provenance (the int8
+rewrite picks MatMuls by the parameter name behind their weight).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class TracedGraph:
     def blocks(self, const) -> Iterator[np.ndarray] | None:
         """A package-backed weight (or its transpose) in blocks read as they are written; None for the rest."""
         provenance = self.provenance.get(id(const))
-        if provenance is None or provenance[1] not in self.sources:
+        if provenance is None or provenance[0] not in ("param", "transpose") or provenance[1] not in self.sources:
             return None
         source = self.sources[provenance[1]]
         if provenance[0] == "transpose" and provenance[2] != (1, 0):
@@ -187,8 +189,9 @@ def _fold_weight_transposes(traced: TracedGraph) -> None:
         source = node.inputs[0] if node.op_type == "Transpose" and node.domain == "" and node.inputs else None
         if source is None or not source.is_initializer() or id(source.const_value) not in traced.provenance:
             continue
-        if source.const_value.size <= FOLD_INPUT_SIZE_LIMIT or len(source.consumers()) != 1 or source.is_graph_output():
-            continue  # small ones the optimizer folds itself, as it does today
+        small = source.const_value.size <= FOLD_INPUT_SIZE_LIMIT
+        if not small and (len(source.consumers()) != 1 or source.is_graph_output()):
+            continue  # as the optimizer: a large weight's Transpose is folded only when nothing else reads it
         base = source.const_value
         perm_attr = node.attributes.get("perm")
         perm = list(perm_attr.as_ints()) if perm_attr is not None else list(reversed(range(len(base.shape))))
@@ -202,7 +205,8 @@ def _fold_weight_transposes(traced: TracedGraph) -> None:
         traced.provenance[id(lazy)] = ("transpose", traced.provenance[id(base)][1], tuple(perm))
         output.replace_all_uses_with(folded)
         graph.remove(node, safe=True)
-        graph.initializers.pop(source.name)
+        if not source.uses() and not source.is_graph_output():
+            graph.initializers.pop(source.name)
         graph.register_initializer(folded)
 
 
@@ -255,18 +259,3 @@ def write_graph(
             value.const_value = ir.ExternalTensor(location, offset, length, dtype=const.dtype, shape=const.shape, name=value.name, base_dir=directory)
             bar.update(const.nbytes)
     return ir.serde.serialize_model(traced.model), written
-
-
-def weight_hashes(streamed: StreamedModule, keep) -> set[str]:
-    """sha256 of the 2-D tensors `keep(name)` selects, as is and transposed, read one at a time (int8 finds
-    the MatMuls that stay FP32 by weight content)."""
-    hashes = set()
-    for name in streamed.names():
-        if not keep(name):
-            continue
-        tensor = streamed.load(name)
-        if tensor.dim() != 2:
-            continue
-        for view in (tensor, tensor.t()):
-            hashes.add(hashlib.sha256(view.detach().float().contiguous().numpy().tobytes()).hexdigest())
-    return hashes

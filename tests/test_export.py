@@ -268,14 +268,13 @@ def _flat(answer: dict) -> dict[str, float]:
     return {"noul": answer["noul"]} if answer["type"] == "noul" else dict(answer["probabilities"])
 
 
-def test_int8_export_quantizes_the_matmuls(packages, models, tmp_path):
+def test_int8_export_quantizes_the_matmuls(artifacts, packages, models, tmp_path):
     out = tmp_path / "int8"
-    manifest = export_package(packages["d3"], out, dtype="int8", progress=False)
+    manifest = export_package(packages["d3"], out, dtype="int8", progress=False, shared_context=True)
     assert manifest["dtype"] == "int8"
     assert manifest["op_counts"].get("ai.onnx::MatMulInteger", 0) > 0
     assert manifest["op_counts"].get("ai.onnx::MatMul", 0) >= 1  # the readout stays FP32
     assert manifest["op_counts"].get("com.microsoft::LinearAttention", 0) > 0
-    assert not (out / "int8-staging").exists()
     # FP32 MatMuls are exactly the readout and the token mixers' output projections (by weight content)
     graph = onnx.load(str(out / "model.onnx"))
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.graph.initializer}
@@ -289,10 +288,83 @@ def test_int8_export_quantizes_the_matmuls(packages, models, tmp_path):
     # per-output-channel weight quantization: each quantized weight has one zero point per output column
     integer = [n for n in graph.graph.node if n.op_type == "MatMulInteger" and n.input[1] in weights]
     assert integer and all(weights[n.input[3]].shape == (weights[n.input[1]].shape[1],) for n in integer)
+    # one activation quantization per input, shared by the MatMuls that read it (q/k/v, gate/up)
+    quantizers = [n for n in graph.graph.node if n.op_type == "DynamicQuantizeLinear"]
+    assert len(quantizers) < len(integer) and len({n.input[0] for n in quantizers}) == len(quantizers)
+    readers = {n.output[0]: sum(1 for m in integer if m.input[0] == n.output[0]) for n in quantizers}
+    assert max(readers.values()) >= 3
+    # the weights are quantized as they stream, yet equal what ORT's quantize_dynamic makes of the fp32
+    # artifact under the same rule (the MatMuls left FP32 above), answer for answer
+    reference = _ort_quantized(artifacts[("d3", "contrib")], fp32, tmp_path / "ort-int8")
+    assert _initializer_contents(onnx.load(str(reference))) == _initializer_contents(graph)
+    # the shared_context graph reads the main graph's int8 weights instead of writing its own
+    shared = onnx.load(str(out / "model_shared.onnx"), load_external_data=False)
+    locations = {e.value for t in shared.graph.initializer for e in t.external_data if e.key == "location"}
+    assert "model.onnx.data" in locations and any(t.data_type == onnx.TensorProto.INT8 and t.external_data for t in shared.graph.initializer)
     fast = runtime.load(packages["d3"], profile="max_speed", artifact=out)
     assert fast.dtype == "int8"
     answer = fast.ask("Merge two sorted lists.", {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}})["q"]
     assert answer["type"] == "choice" and abs(sum(answer["probabilities"].values()) - 1) < 1e-9
+    from runtime.engines.onnxruntime import OrtEngine
+
+    family = models("d3").family
+    feeds = family.plan("Merge two sorted lists.", {"q": {"type": "noul"}, "c": {"type": "choice", "criteria": {"a": None, "b": None}}}).batches[0].inputs
+    ours = OrtEngine.from_file(out / "model.onnx", device_kind="cpu", output_name=family.output_name).forward(feeds)
+    theirs = OrtEngine.from_file(reference, device_kind="cpu", output_name=family.output_name).forward(feeds)
+    assert np.array_equal(ours, theirs)
+
+
+def _ort_quantized(fp32_artifact, kept_fp32: list[np.ndarray], staging) -> "Path":
+    """The fp32 artifact's graph through ORT's quantize_dynamic (per-channel QInt8 weights, constant-B
+    MatMuls), excluding the MatMuls whose weights `kept_fp32` holds."""
+    import shutil
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    staging.mkdir()
+    for item in fp32_artifact.iterdir():
+        if item.name.startswith("model.onnx"):
+            shutil.copyfile(item, staging / item.name)
+    graph = onnx.load(str(staging / "model.onnx"))
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.graph.initializer}
+    excluded = [
+        n.name for n in graph.graph.node
+        if n.op_type == "MatMul" and n.input[1] in weights and any(np.array_equal(weights[n.input[1]], w) for w in kept_fp32 if w.shape == weights[n.input[1]].shape)
+    ]  # fmt: skip
+    assert len(excluded) == len(kept_fp32)
+    quantize_dynamic(
+        str(staging / "model.onnx"), str(staging / "int8.onnx"), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+        per_channel=True, extra_options={"MatMulConstBOnly": True}, nodes_to_exclude=excluded,
+    )  # fmt: skip
+    return staging / "int8.onnx"
+
+
+def _initializer_contents(model: onnx.ModelProto) -> "collections.Counter":
+    import collections
+    import hashlib
+
+    return collections.Counter(
+        (t.data_type, tuple(t.dims), hashlib.sha256(onnx.numpy_helper.to_array(t).tobytes()).hexdigest()) for t in model.graph.initializer
+    )  # fmt: skip
+
+
+def test_int8_weight_quantization_is_ort_quantize_data_per_channel():
+    from onnxruntime.quantization.quant_utils import quantize_data
+
+    from export.int8 import quantize_per_channel
+
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(37, 11)).astype(np.float32)
+    weight[:, 3] = 0.0  # a dead channel: scale 1, all zeros
+    weight[:, 4] = np.abs(weight[:, 4]) + 1  # positive only: the range still includes 0
+    weight[5, 6] = 40.0  # one outlier costs only its own channel
+    for axis in (0, 1):
+        quantized, scale = quantize_per_channel(weight, axis)
+        for channel in range(weight.shape[axis]):
+            zero, expected_scale, expected = quantize_data(weight.take(channel, axis).flatten(), onnx.TensorProto.INT8, True)
+            assert zero == 0 and scale[channel] == expected_scale
+            assert np.array_equal(quantized.take(channel, axis), expected)
+    assert quantize_per_channel(weight, 1)[1][3] == 1.0
 
 
 def test_concurrent_first_uses_export_once(packages, tmp_path, monkeypatch):
@@ -373,9 +445,9 @@ def test_smoke_off_records_it_and_the_artifact_still_answers(packages, models, t
 
 
 def test_too_little_disk_is_refused_before_any_work(packages, tmp_path, monkeypatch):
-    from export import external_data
+    from export import disk_space
 
-    monkeypatch.setattr(external_data, "BYTES_PER_PARAMETER", {"fp32": 1e12})
+    monkeypatch.setattr(disk_space, "BYTES_PER_PARAMETER", {"fp32": 1e12})
     with pytest.raises(ArtifactError, match="not enough disk space"):
         export_package(packages["d3"], tmp_path / "deep" / "artifact", progress=False)
     assert not (tmp_path / "deep").exists()

@@ -19,9 +19,9 @@ def layer_parameters(hidden: int, ffn: int, heads: int, kv_heads: int, head_dim:
     return attention + 3 * hidden * ffn + 2 * hidden
 
 
-def trace_and_write_peak(package, out) -> int:
+def trace_and_write_peak(package, out, dtype: str) -> int:
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "export", str(package), "--out", str(out), "--smoke", "off", "--quiet"],
+        [sys.executable, "-m", "runtime.cli", "export", str(package), "--out", str(out), "--dtype", dtype, "--smoke", "off", "--quiet"],
         capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -31,11 +31,12 @@ def trace_and_write_peak(package, out) -> int:
 
 
 @pytest.mark.slow
-def test_trace_and_write_memory_does_not_follow_depth(tmp_path):
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_trace_and_write_memory_does_not_follow_depth(tmp_path, dtype):
     # Kai's width (hidden 1024, FFN 3072, 16 heads, head dim 128): each extra layer holds ~58 MB of fp32 weights.
     packages = {layers: write_fixture("decision2", tmp_path / f"kai-{layers}", backbone="qwen3", size="kai", layers=layers)[0] for layers in (SHALLOW, DEEP)}
     extra = (DEEP - SHALLOW) * layer_parameters(1024, 3072, 16, 8, 128) * 4
     assert extra > 300 * 2**20
-    peaks = {layers: trace_and_write_peak(packages[layers], tmp_path / f"artifact-{layers}") for layers in (SHALLOW, DEEP)}
+    peaks = {layers: trace_and_write_peak(packages[layers], tmp_path / f"artifact-{layers}", dtype) for layers in (SHALLOW, DEEP)}
     grown = peaks[DEEP] - peaks[SHALLOW]
-    assert grown < extra / 2, f"trace+write peak grew by {grown / 2**20:.0f} MiB for {extra / 2**20:.0f} MiB of extra weights"
+    assert grown < extra / 2, f"{dtype}: trace+write peak grew by {grown / 2**20:.0f} MiB for {extra / 2**20:.0f} MiB of extra weights"

@@ -1,0 +1,31 @@
+"""Checks before any work that the output disk can hold the artifact."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from runtime.errors import ArtifactError
+
+# Bytes on disk per parameter: fp32 writes 4; int8 writes 1 for the quantized MatMul weights and 4 for what
+# stays FP32 (embeddings, norms, the head and the token mixers' output projections).
+BYTES_PER_PARAMETER = {"fp32": 4.0, "int8": 2.0}
+DISK_MARGIN = 1.1
+
+
+def check_disk_space(out: Path, parameters: int | None, dtype: str) -> int | None:
+    """Refuse before any work when the disk that will hold `out` has less room than the artifact needs
+    (estimated from the package's parameter count); returns the estimate in bytes."""
+    if not parameters:
+        return None
+    needed = int(parameters * BYTES_PER_PARAMETER.get(dtype, 4.0) * DISK_MARGIN)
+    probe = Path(out).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise ArtifactError(
+            f"not enough disk space for the artifact: {parameters:,} parameters as {dtype} need about {needed / 2**30:.1f} GiB "
+            f"under {probe}, {free / 2**30:.1f} GiB free"
+        )
+    return needed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import shutil
@@ -16,19 +17,23 @@ from tqdm import tqdm
 from export.artifact import ARTIFACT_SCHEMA, atomic_directory, write_manifest
 from export.context import ExportContext
 from export.disk_space import check_disk_space
-from export.graph_passes import op_counts, trim_contrib_outputs
+from export.graph_passes import cast_mixed_rms_norms, op_counts, trim_contrib_outputs
 from export.phases import PhaseClock, available_memory_bytes
 from export.int8 import quantize_matmuls
 from export.streaming import StreamedModule, TracedGraph, trace, write_graph
 from runtime.errors import ArtifactError
 from runtime.families import open_family
 from runtime.families.base import Family
-from runtime.numerics import numerics_for
+from runtime.numerics import Numerics, numerics_for
 from runtime.packages.resolve import resolve_package
 
 VARIANTS = ("contrib", "portable")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.float32}
-SUPPORTED_DTYPES = ("fp32", "int8")  # int8: dynamic (activation) x signed int8 weight MatMuls on the CPU EP
+SUPPORTED_DTYPES = ("fp32", "fp16", "bf16", "int8")  # int8: dynamic (activation) x signed int8 weight MatMuls on the CPU EP
+PORTABLE_DTYPES = ("fp32", "fp16", "int8")  # bf16 is for the CUDA provider's contrib kernels
+# Dtypes whose graphs ONNX Runtime's CPU provider runs (its bf16 Mul/MatMul are not implemented): the export
+# opens a CPU session and runs the smoke parity only for these.
+CPU_SESSION_DTYPES = ("fp32", "fp16", "int8")
 DEFAULT_OPSET = 23
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 SHARED_MODEL_FILE, SHARED_DATA_FILE = "model_shared.onnx", "model_shared.onnx.data"  # its own weights only
@@ -36,7 +41,7 @@ RUNTIME_FILES = (
     "MODEL_MANIFEST.json", "decision_config.json", "tokenizer.json", "tokenizer_config.json",
     "chat_template.jinja", "special_tokens_map.json", "score_bias.json", "calibration.json",
 )  # fmt: skip
-SMOKE_TOLERANCE = {"fp32": 1e-4}
+SMOKE_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}  # and no decision changed
 SMOKE_MODES = ("auto", "on", "off")
 # What an ORT CPU session holds beyond its weights file (arena, optimized graph), relative to that file.
 SESSION_MEMORY_FACTOR = 1.25
@@ -94,9 +99,9 @@ def export_family(
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
     if dtype not in SUPPORTED_DTYPES:
-        # Refused before a long trace: the traced Gated DeltaNet gate math mixes reduced-precision and FP32
-        # tensors (Mul type mismatch in ORT), so these graphs do not load yet.
-        raise ArtifactError(f"--dtype {dtype} export is not supported yet (supported: {', '.join(SUPPORTED_DTYPES)})")
+        raise ArtifactError(f"--dtype {dtype} export is not supported (supported: {', '.join(SUPPORTED_DTYPES)})")
+    if variant == "portable" and dtype not in PORTABLE_DTYPES:
+        raise ArtifactError(f"--dtype {dtype} is for the contrib variant (the CUDA provider); the portable variant takes {', '.join(PORTABLE_DTYPES)}")
     if shared_context and variant == "portable":
         raise ArtifactError("--shared-context needs the contrib variant (the portable GDN lowering has no past-state input yet)")
     if smoke not in SMOKE_MODES:
@@ -111,7 +116,7 @@ def export_family(
     try:
         phase("load")
         skeleton = _build_module(family, dtype, weights=False)
-        streamed = StreamedModule.of(skeleton, family.weight_sources(_numerics(family)))
+        streamed = StreamedModule.of(skeleton, family.weight_sources(_numerics(family, dtype)))
         sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
         gdn = gdn_dims(skeleton)
         bar.update()
@@ -135,15 +140,17 @@ def export_family(
                 raise ArtifactError("portable graph still holds com.microsoft nodes")
             bar.update()
             phase("session")
-            from runtime.engines.onnxruntime import OrtEngine
+            engine = None
+            if dtype in CPU_SESSION_DTYPES:
+                from runtime.engines.onnxruntime import OrtEngine
 
-            engine = OrtEngine.from_file(temp / MODEL_FILE, device_kind="cpu", output_name=family.output_name)
+                engine = OrtEngine.from_file(temp / MODEL_FILE, device_kind="cpu", output_name=family.output_name)
             bar.update()
             phase("smoke")
-            smoke_plan = plan_smoke(smoke, family, temp / DATA_FILE)
+            smoke_plan = plan_smoke(smoke, family, temp / DATA_FILE, dtype)
             parity, eager = None, None
             if smoke_plan["ran"]:
-                eager = _build_module(family, dtype)  # the smoke phase's own memory: the eager model, beside one session
+                eager = _build_module(family, "fp32")  # the reference (exact's CPU numerics), beside one session
                 parity = smoke_parity(family, eager, engine)
                 check_smoke(parity, dtype)
             bar.update()
@@ -164,7 +171,7 @@ def export_family(
     return json.loads((out / "artifact.json").read_text())
 
 
-def plan_smoke(mode: str, family: Family, weights_file: Path) -> dict:
+def plan_smoke(mode: str, family: Family, weights_file: Path, dtype: str = "fp32") -> dict:
     """Whether the smoke parity runs, and the memory it needs: the eager model in FP32 plus one ORT session
     over the artifact's weights (the export itself holds neither)."""
     eager = 4 * int(family.card().get("parameters") or 0)
@@ -173,6 +180,8 @@ def plan_smoke(mode: str, family: Family, weights_file: Path) -> dict:
     plan = {"mode": mode, "memory_needed_bytes": eager + session, "memory_available_bytes": available}
     if mode == "off":
         return {**plan, "ran": False, "reason": "--smoke off"}
+    if dtype not in CPU_SESSION_DTYPES:
+        return {**plan, "ran": False, "reason": f"ONNX Runtime's CPU provider has no {dtype} kernels; run `parity` on a CUDA device"}
     if mode == "auto" and available is not None and eager + session > available:
         needed = (eager + session) / 2**30
         return {**plan, "ran": False, "reason": f"the eager model and an ORT session need about {needed:.1f} GiB, {available / 2**30:.1f} GiB free"}
@@ -197,6 +206,7 @@ def emit_graph(
         quantize_matmuls(traced)
     proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=reuse)
     trim_contrib_outputs(proto)
+    cast_mixed_rms_norms(proto)
     if lower is not None:
         proto = lower(proto)
     onnx.save_model(proto, str(temp / file))
@@ -236,7 +246,8 @@ def _export_shared(context: ExportContext) -> dict:
     del model, traced
     context.step()
     phase("shared smoke")
-    context.engine.attach_shared(temp / SHARED_MODEL_FILE)
+    if context.engine is not None:
+        context.engine.attach_shared(temp / SHARED_MODEL_FILE)
     smoke = smoke_parity(family, context.eager, context.engine, profile="shared_context") if context.eager is not None else None
     if smoke is not None:
         check_smoke(smoke, dtype, "shared_context smoke parity")
@@ -250,8 +261,11 @@ def _export_shared(context: ExportContext) -> dict:
     }
 
 
-def _numerics(family: Family):
-    return numerics_for(family.name, "cpu")
+def _numerics(family: Family, dtype: str = "fp32") -> Numerics:
+    """The CPU policy (FP32), with the backbone's parameters (and so its compute) in `dtype` for fp16/bf16;
+    what the policy keeps FP32 (gates and decay, norm statistics, the readout and its softmax) stays FP32."""
+    numerics = numerics_for(family.name, "cpu")
+    return dataclasses.replace(numerics, parameter_dtype=DTYPES[dtype]) if dtype in ("fp16", "bf16") else numerics
 
 
 def _build_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:
@@ -259,7 +273,7 @@ def _build_module(family: Family, dtype: str, *, weights: bool = True) -> torch.
     needs shapes only; `Family.weight_sources` says where each weight is read from when it is written)."""
     if hasattr(family, "merge_adapter"):
         family.merge_adapter = True  # LoRA merged into the base weights: one plain graph
-    module = family.build_module(_numerics(family), torch.device("cpu"), weights=weights)
+    module = family.build_module(_numerics(family, dtype), torch.device("cpu"), weights=weights)
     if hasattr(module, "full_mask_over_queries"):
         module.full_mask_over_queries = True
     return module.eval()

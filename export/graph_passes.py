@@ -36,3 +36,26 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
     visit(model.graph)
     return dict(sorted(counts.items()))
+
+
+def cast_mixed_rms_norms(model: onnx.ModelProto) -> int:
+    """onnxscript's RMSNorm fusion folds the upcast of `x.float()` into RMSNormalization's stash_type, which
+    leaves a reduced-precision X beside an FP32 scale (Qwen3.5's `1 + weight.float()`); ONNX and ORT type X
+    and Y alike there, so such a node does not load. The upcast is put back as a Cast: the norm statistics
+    and the scaling run in FP32 as in the module. Returns the number of nodes fixed."""
+    graph = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    fixed = 0
+    for index in range(len(graph.node) - 1, -1, -1):
+        node = graph.node[index]
+        if node.op_type != "RMSNormalization" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        x_type, scale_type = types.get(node.input[0]), types.get(node.input[1])
+        if x_type is None or scale_type is None or x_type == scale_type:
+            continue
+        cast_output = f"{node.input[0]}_as_{onnx.TensorProto.DataType.Name(scale_type).lower()}_for_{node.name or index}"
+        graph.node.insert(index, onnx.helper.make_node("Cast", [node.input[0]], [cast_output], to=scale_type, name=f"{cast_output}_cast"))
+        node.input[0] = cast_output
+        fixed += 1
+    return fixed

@@ -29,7 +29,7 @@ def export_media(context: ExportContext) -> dict:
     Both are traced from the weightless module and their weights streamed (the media text graph's read from
     the main graph's file); the smoke parity runs when the export holds the eager module.
     The vision graph stays FP32 under --dtype int8 (a small share of the work, and its error would reach
-    every visual token)."""
+    every visual token); under fp16/bf16 it is in that dtype, as the module it is traced from."""
     family, streamed, temp, dtype, opset, phase = context.family, context.streamed, context.temp, context.dtype, context.opset, context.phase
     module = streamed.module
     media = family.sample_media()
@@ -41,7 +41,8 @@ def export_media(context: ExportContext) -> dict:
     vision = trace(streamed, wrapper, sample.inputs, opset, SEGMENT_INPUTS, VISION_DYNAMIC_AXES, VISION_OUTPUT, translations={})
     context.step()
     phase("vision write")
-    proto, _ = emit_graph(vision, temp, VISION_FILE, VISION_DATA_FILE, "fp32")
+    vision_dtype = "fp32" if dtype == "int8" else dtype
+    proto, _ = emit_graph(vision, temp, VISION_FILE, VISION_DATA_FILE, vision_dtype)
     vision_io = {"inputs": io_schema(proto.graph.input), "outputs": io_schema(proto.graph.output)}
     del vision, proto
     onnx.checker.check_model(str(temp / VISION_FILE), full_check=False)
@@ -73,7 +74,8 @@ def export_media(context: ExportContext) -> dict:
                 raise ArtifactError(f"portable {file} still holds com.microsoft nodes")
     context.step()
     phase("media smoke")
-    context.engine.attach_media(temp / VISION_FILE, temp / MEDIA_MODEL_FILE, layout)
+    if context.engine is not None:
+        context.engine.attach_media(temp / VISION_FILE, temp / MEDIA_MODEL_FILE, layout)
     smoke = None
     if context.eager is not None:
         smoke = {"with_video": smoke_parity(family, context.eager, context.engine, media=media)}
@@ -82,7 +84,7 @@ def export_media(context: ExportContext) -> dict:
             check_smoke(result, dtype, f"media smoke parity ({what.replace('_', ' ')})")
     context.step()
     return {
-        "vision": {"model_file": VISION_FILE, "dtype": "fp32", "io": vision_io, "dynamic_axes": _axes(VISION_DYNAMIC_AXES), "layout": layout.to_dict()},
+        "vision": {"model_file": VISION_FILE, "dtype": vision_dtype, "io": vision_io, "dynamic_axes": _axes(VISION_DYNAMIC_AXES), "layout": layout.to_dict()},
         "text": {"model_file": MEDIA_MODEL_FILE, "io": text_io, "dynamic_axes": _axes(family.media_dynamic_axes), "weights_from_main": weights["shared"]},
         "smoke_parity": smoke,
     }

@@ -108,11 +108,17 @@ class TracedGraph:
         source = self.sources[provenance[1]]
         if provenance[0] == "transpose" and provenance[2] != (1, 0):
             return None
-        return (block.numpy() for block in source.chunks(transpose=provenance[0] == "transpose"))
+        return (_raw_block(block) for block in source.chunks(transpose=provenance[0] == "transpose"))
 
 
 def _ir_tensor(tensor: torch.Tensor, name: str) -> ir.Tensor:
-    return ir.tensor(tensor.detach().contiguous().numpy(), name=name)
+    return ir.tensor_adapters.TorchTensor(tensor.detach().contiguous(), name=name)  # bfloat16 has no numpy dtype
+
+
+def _raw_block(block: torch.Tensor) -> np.ndarray:
+    """A block's bytes as a numpy array (bfloat16 viewed as its 16-bit storage)."""
+    block = block.contiguous()
+    return (block.view(torch.int16) if block.dtype == torch.bfloat16 else block).numpy()
 
 
 def trace(
@@ -248,7 +254,7 @@ def write_graph(
                 offset = -(-data.tell() // ALIGNMENT) * ALIGNMENT
                 data.seek(offset)
                 blocks = traced.blocks(const)
-                for block in blocks if blocks is not None else [const.numpy()]:
+                for block in blocks if blocks is not None else [np.frombuffer(const.tobytes(), dtype=np.uint8)]:
                     data.write(memoryview(np.ascontiguousarray(block)).cast("B"))
                 location, length = data_file, data.tell() - offset
                 if length != const.nbytes:

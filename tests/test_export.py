@@ -221,10 +221,10 @@ def test_failed_export_keeps_what_was_there(packages, artifacts, tmp_path, monke
     assert not list(tmp_path.glob(".kept.partial-*"))
 
 
-def test_reduced_precision_export_is_refused_up_front(packages, tmp_path):
-    with pytest.raises(ArtifactError, match="not supported yet"):
-        export_package(packages["d3"], tmp_path / "fp16", dtype="fp16", progress=False)
-    assert not (tmp_path / "fp16").exists()
+def test_unknown_dtype_is_refused_up_front(packages, tmp_path):
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        export_package(packages["d3"], tmp_path / "fp8", dtype="fp8", progress=False)
+    assert not (tmp_path / "fp8").exists()
 
 
 @pytest.mark.parametrize("name", ["d2_qwen3_5", "d3"])
@@ -515,3 +515,44 @@ def test_max_speed_tells_causal_from_noncausal(artifacts, models, packages, tmp_
     causal = runtime.load(packages["d3_causal"], profile="max_speed", artifact=causal_artifact)
     assert max_difference(noncausal, models("d3")) <= TOLERANCE and max_difference(causal, models("d3_causal")) <= TOLERANCE
     assert max_difference(noncausal, causal) > FAR
+
+
+def test_fp16_and_bf16_exports_keep_fp32_islands_and_type_check(packages, models, tmp_path):
+    """fp16: runs on ORT's CPU provider, smoke-gated against the FP32 eager model, answers like exact.
+    bf16 (CUDA only): every node type-checks (onnx strict inference: no fused norm left with mixed input
+    types), the policy's FP32 readout is kept, and a CPU load refuses it naming the dtypes CPU runs."""
+    question = {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}, "n": {"type": "noul"}}
+    exact = models("d3").ask("Merge two sorted lists.", question)
+    for dtype in ("fp16", "bf16"):
+        out = tmp_path / dtype
+        manifest = export_package(packages["d3"], out, dtype=dtype, progress=False)
+        assert manifest["dtype"] == dtype
+        onnx.shape_inference.infer_shapes_path(str(out / "model.onnx"), str(tmp_path / f"{dtype}-inferred.onnx"), check_type=True, strict_mode=True)
+        graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
+        element = {"fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}[dtype]
+        matmul_weights = {t.name: t.data_type for t in graph.graph.initializer}
+        typed = [matmul_weights[n.input[1]] for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in matmul_weights]
+        assert typed.count(onnx.TensorProto.FLOAT) == 1 and typed.count(element) == len(typed) - 1  # the readout stays FP32
+        assert {o.type.tensor_type.elem_type for o in graph.graph.output} == {onnx.TensorProto.FLOAT}
+        if dtype == "fp16":
+            assert manifest["smoke"]["ran"] and manifest["smoke_parity"]["decisions_changed"] == 0
+            assert manifest["smoke_parity"]["max_abs_diff"] <= 1e-2
+            fast = runtime.load(packages["d3"], profile="max_speed", artifact=out).ask("Merge two sorted lists.", question)
+            assert fast["q"]["choice"] == exact["q"]["choice"] and abs(fast["n"]["noul"] - exact["n"]["noul"]) <= 1e-2
+            assert max(abs(fast["q"]["probabilities"][k] - exact["q"]["probabilities"][k]) for k in "abc") <= 1e-2
+        else:
+            assert not manifest["smoke"]["ran"] and "no bf16 kernels" in manifest["smoke"]["reason"]
+            with pytest.raises(ArtifactError, match="is bf16; CPUExecutionProvider .* runs fp32, fp16, int8"):
+                runtime.load(packages["d3"], profile="max_speed", artifact=out)
+
+
+def test_fp16_portable_graph_runs_on_cpu_like_exact(packages, models, tmp_path):
+    out = tmp_path / "portable-fp16"
+    manifest = export_package(packages["d2_qwen3_5"], out, variant="portable", dtype="fp16", progress=False)
+    assert not any(key.startswith("com.microsoft::") for key in manifest["op_counts"])
+    assert manifest["smoke"]["ran"] and manifest["smoke_parity"]["decisions_changed"] == 0 and manifest["smoke_parity"]["max_abs_diff"] <= 1e-2
+    question = {"q": {"type": "noul", "instructions": "Code?"}}
+    fast = runtime.load(packages["d2_qwen3_5"], profile="max_speed", artifact=out).ask("Merge two sorted lists.", question)
+    assert abs(fast["q"]["noul"] - models("d2_qwen3_5").ask("Merge two sorted lists.", question)["q"]["noul"]) <= 1e-2
+    with pytest.raises(ArtifactError, match="contrib variant"):
+        export_package(packages["d2_qwen3_5"], tmp_path / "portable-bf16", variant="portable", dtype="bf16", progress=False)

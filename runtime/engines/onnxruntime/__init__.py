@@ -15,6 +15,9 @@ PROVIDERS = {
     "cuda": ("CUDAExecutionProvider", "onnxruntime-gpu", None),
     "rocm": ("MIGraphXExecutionProvider", "onnxruntime-migraphx", "portable"),
 }
+# Artifact dtypes each device kind's provider has kernels for (ORT's CPU provider implements no bf16 Mul or
+# MatMul; the CUDA provider's contrib GDN kernels take float, float16 and bfloat16).
+DEVICE_DTYPES = {"cpu": ("fp32", "fp16", "int8"), "cuda": ("fp32", "fp16", "bf16"), "rocm": ("fp32", "fp16")}
 
 
 def cpu_threads() -> int:

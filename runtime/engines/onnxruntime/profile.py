@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.devices import Device
-from runtime.engines.onnxruntime import PROVIDERS, OrtEngine
+from runtime.engines.onnxruntime import DEVICE_DTYPES, PROVIDERS, OrtEngine
 from runtime.errors import ArtifactError
 from runtime.families.base import Family
 from runtime.packages.resolve import default_cache_dir
@@ -64,6 +64,12 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
     needed = PROVIDERS[device.kind][2]
     if needed and manifest["variant"] != needed:
         raise ArtifactError(f"device {device.name} needs the {needed} variant, artifact {artifact} is {manifest['variant']}")
+    runs = DEVICE_DTYPES.get(device.kind, ())
+    if manifest["dtype"] not in runs:
+        raise ArtifactError(
+            f"artifact {artifact} is {manifest['dtype']}; {PROVIDERS[device.kind][0]} on {device.name} runs {', '.join(runs)} artifacts "
+            f"(export one with --dtype {runs[0]})"
+        )
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     engine = OrtEngine.from_file(
         artifact / manifest["model_file"], device_kind=device.kind, device_index=device.index, output_name=family.output_name,

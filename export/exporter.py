@@ -21,6 +21,7 @@ from export.graph_passes import cast_mixed_rms_norms, op_counts, trim_contrib_ou
 from export.phases import PhaseClock, available_memory_bytes
 from export.int8 import quantize_matmuls
 from export.streaming import StreamedModule, TracedGraph, trace, write_graph
+from runtime.engines.onnxruntime import DEVICE_DTYPES
 from runtime.errors import ArtifactError
 from runtime.families import open_family
 from runtime.families.base import Family
@@ -31,9 +32,8 @@ VARIANTS = ("contrib", "portable")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.float32}
 SUPPORTED_DTYPES = ("fp32", "fp16", "bf16", "int8")  # int8: dynamic (activation) x signed int8 weight MatMuls on the CPU EP
 PORTABLE_DTYPES = ("fp32", "fp16", "int8")  # bf16 is for the CUDA provider's contrib kernels
-# Dtypes whose graphs ONNX Runtime's CPU provider runs (its bf16 Mul/MatMul are not implemented): the export
-# opens a CPU session and runs the smoke parity only for these.
-CPU_SESSION_DTYPES = ("fp32", "fp16", "int8")
+# The export opens a CPU session and runs the smoke parity only for dtypes ORT's CPU provider runs.
+CPU_SESSION_DTYPES = DEVICE_DTYPES["cpu"]
 DEFAULT_OPSET = 23
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 SHARED_MODEL_FILE, SHARED_DATA_FILE = "model_shared.onnx", "model_shared.onnx.data"  # its own weights only

@@ -115,9 +115,9 @@ def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool] = sta
         new_nodes += [integer, cast, scales, result]
         ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [node.outputs[0]], [result.outputs[0]])
         rewritten += 1
-    for value in {id(v): v for v in graph.initializers.values()}.values():
+    for name, value in list(graph.initializers.items()):
         if not value.uses() and not value.is_graph_output():
-            graph.initializers.pop(value.name)
+            graph.initializers.pop(name)
     return rewritten
 
 

@@ -31,7 +31,9 @@ from runtime.packages.resolve import resolve_package
 VARIANTS = ("contrib", "portable")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.float32}
 SUPPORTED_DTYPES = ("fp32", "fp16", "bf16", "int8")  # int8: dynamic (activation) x signed int8 weight MatMuls on the CPU EP
-PORTABLE_DTYPES = ("fp32", "fp16", "int8")  # bf16 is for the CUDA provider's contrib kernels
+# bf16 is for the CUDA provider's contrib kernels; int8's MatMulInteger with zero points and
+# DynamicQuantizeLinear are not in the MIGraphX provider's list.
+PORTABLE_DTYPES = ("fp32", "fp16")
 # The export opens a CPU session and runs the smoke parity only for dtypes ORT's CPU provider runs.
 CPU_SESSION_DTYPES = DEVICE_DTYPES["cpu"]
 DEFAULT_OPSET = 23
@@ -70,11 +72,12 @@ def export_package(
     progress: bool = True,
     shared_context: bool = False,
     smoke: str = "auto",
+    lengths: tuple[int, ...] | None = None,
 ) -> dict:
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     return export_family(
-        family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context, smoke=smoke
+        family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context, smoke=smoke, lengths=lengths
     )
 
 
@@ -88,12 +91,14 @@ def export_family(
     progress: bool = True,
     shared_context: bool = False,
     smoke: str = "auto",
+    lengths: tuple[int, ...] | None = None,
 ) -> dict:
     """Trace, lower, write, check and smoke-test one artifact. `shared_context` adds a second graph,
     the module's forward_shared (prefix once, question rows continue from its state), for that profile
     on ONNX Runtime; it reads the main graph's weights file. `smoke` (auto|on|off): the smoke parity
     against eager, its own phase; auto runs it when the eager model and one ORT session fit in the
-    memory that is free."""
+    memory that is free. The portable variant holds one graph per static sequence length (`lengths`,
+    default: powers of two from 128 to the package's longest prompt); rows are padded to the next one."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}")
     if dtype not in DTYPES:
@@ -103,9 +108,15 @@ def export_family(
     if variant == "portable" and dtype not in PORTABLE_DTYPES:
         raise ArtifactError(f"--dtype {dtype} is for the contrib variant (the CUDA provider); the portable variant takes {', '.join(PORTABLE_DTYPES)}")
     if shared_context and variant == "portable":
-        raise ArtifactError("--shared-context needs the contrib variant (the portable GDN lowering has no past-state input yet)")
+        raise ArtifactError("--shared-context needs the contrib variant (the portable graphs have no past-state input)")
     if smoke not in SMOKE_MODES:
         raise ValueError(f"smoke must be one of {', '.join(SMOKE_MODES)}")
+    if variant == "portable" and family.reads_media:
+        raise ArtifactError(
+            "the portable variant has no media graphs yet (MIGraphX compiles static shapes; the vision tower's patch "
+            "count varies per request): export the contrib variant for packages with a vision tower"
+        )
+    static_lengths = static_sequence_lengths(family.max_input_tokens, lengths) if variant == "portable" else None
     disk_needed = check_disk_space(out, family.card().get("parameters"), dtype)
     from export.media_graphs import MEDIA_PHASES, export_media
 
@@ -125,9 +136,9 @@ def export_family(
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            lower = (lambda model: _portable(model, gdn)) if variant == "portable" else None
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, lower=lower)
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress)
             reuse = main_weights["index"]
+            buckets = write_static_graphs(proto, temp, family, gdn, static_lengths) if static_lengths else None
             del traced, proto
             for rel in RUNTIME_FILES:
                 if (family.package.root / rel).is_file():
@@ -144,7 +155,7 @@ def export_family(
             if dtype in CPU_SESSION_DTYPES:
                 from runtime.engines.onnxruntime import OrtEngine
 
-                engine = OrtEngine.from_file(temp / MODEL_FILE, device_kind="cpu", output_name=family.output_name)
+                engine = OrtEngine.from_file(temp / MODEL_FILE, device_kind="cpu", output_name=family.output_name, buckets=buckets)
             bar.update()
             phase("smoke")
             smoke_plan = plan_smoke(smoke, family, temp / DATA_FILE, dtype)
@@ -162,6 +173,7 @@ def export_family(
             del eager, context
             phase("finalize")
             manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, parity, shared, media)
+            manifest["buckets"] = buckets
             manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
             manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed, "weights": "streamed from the package"}
             write_manifest(temp, manifest)
@@ -197,7 +209,6 @@ def emit_graph(
     *,
     progress: bool = False,
     reuse: dict | None = None,
-    lower=None,
 ) -> tuple[onnx.ModelProto, dict]:
     """Quantize the graph's MatMuls for int8 (each weight quantized when it is written), stream its
     weights into `data_file` (or point them at the main graph's, where `reuse` has them), apply the graph
@@ -207,16 +218,49 @@ def emit_graph(
     proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=reuse)
     trim_contrib_outputs(proto)
     cast_mixed_rms_norms(proto)
-    if lower is not None:
-        proto = lower(proto)
     onnx.save_model(proto, str(temp / file))
     return proto, {"shared": written.shared, "own": written.own, "index": written.index}
 
 
-def _portable(model: onnx.ModelProto, gdn) -> onnx.ModelProto:
+def static_sequence_lengths(longest_prompt: int, lengths: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The portable variant's static lengths: multiples of the GDN chunk, the last covering the package's
+    longest prompt."""
+    from export.chunked_gdn import CHUNK
+
+    top = -(-int(longest_prompt) // CHUNK) * CHUNK
+    if lengths:
+        chosen = sorted({int(length) for length in lengths})
+        bad = [length for length in chosen if length <= 0 or length % CHUNK]
+        if bad:
+            raise ArtifactError(f"static lengths must be positive multiples of {CHUNK}: {', '.join(map(str, bad))}")
+        if chosen[-1] < top:
+            chosen.append(top)  # every prompt the package accepts has a graph
+        return tuple(length for length in chosen if length <= top)
+    chosen, length = [], 128
+    while length < top:
+        chosen.append(length)
+        length *= 2
+    return tuple(chosen + [top])
+
+
+def write_static_graphs(proto: onnx.ModelProto, temp: Path, family: Family, gdn, lengths: tuple[int, ...]) -> dict:
+    """The portable graphs, one per static length, all reading the main graph's weights file; the longest is
+    model.onnx itself. Each is checked node by node against the MIGraphX provider's list."""
+    from export.migraphx_support import provider_rules, unsupported_nodes
     from export.portable import lower_to_portable
 
-    return lower_to_portable(model, gdn)
+    config = family.backbone_config()
+    heads = (config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    graphs = []
+    for length in lengths:
+        lowered = lower_to_portable(proto, gdn, heads, length)
+        problems = unsupported_nodes(lowered)
+        if problems:
+            raise ArtifactError(f"the {length}-token portable graph has nodes the MIGraphX provider does not take: " + "; ".join(problems[:5]))
+        name = MODEL_FILE if length == lengths[-1] else f"model_t{length}.onnx"
+        onnx.save_model(lowered, str(temp / name))
+        graphs.append({"length": length, "model_file": name})
+    return {"graphs": graphs, "padding": family.sequence_padding(), "checked_against": provider_rules()["source"]}
 
 
 def check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:

@@ -11,12 +11,10 @@ from __future__ import annotations
 import onnx
 import torch
 
-from export.exporter import SMOKE_QUESTIONS, SMOKE_STATE, check_smoke, emit_graph, gdn_dims, io_schema, smoke_parity, translation_table
-from export.graph_passes import op_counts
+from export.exporter import SMOKE_QUESTIONS, SMOKE_STATE, check_smoke, emit_graph, io_schema, smoke_parity, translation_table
 from export.context import ExportContext
 from export.streaming import trace
 from export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision
-from runtime.errors import ArtifactError
 from runtime.families.decision3.vision_segments import SEGMENT_INPUTS, VisionLayout, segment_groups
 
 VISION_FILE, VISION_DATA_FILE = "vision.onnx", "vision.onnx.data"
@@ -59,19 +57,10 @@ def export_media(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("media write")
-    lower = None
-    if context.variant == "portable":
-        from export.portable import lower_to_portable
-
-        lower = lambda model: lower_to_portable(model, gdn_dims(module))  # noqa: E731
-    proto, weights = emit_graph(text, temp, MEDIA_MODEL_FILE, MEDIA_DATA_FILE, dtype, reuse=context.reuse, lower=lower)
+    proto, weights = emit_graph(text, temp, MEDIA_MODEL_FILE, MEDIA_DATA_FILE, dtype, reuse=context.reuse)
     text_io = {"inputs": io_schema(proto.graph.input), "outputs": io_schema(proto.graph.output)}
     del text, proto
     onnx.checker.check_model(str(temp / MEDIA_MODEL_FILE), full_check=False)
-    if context.variant == "portable":
-        for file in (VISION_FILE, MEDIA_MODEL_FILE):
-            if any(key.startswith("com.microsoft::") for key in op_counts(onnx.load(str(temp / file), load_external_data=False))):
-                raise ArtifactError(f"portable {file} still holds com.microsoft nodes")
     context.step()
     phase("media smoke")
     if context.engine is not None:

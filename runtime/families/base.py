@@ -48,6 +48,9 @@ class Family(ABC):
     # the vision tower's features); empty for text-only families.
     media_input_names: ClassVar[tuple[str, ...]] = ()
     media_dynamic_axes: ClassVar[dict[str, dict[int, str]]] = {}
+    # The side `rows` pads shorter rows on; a graph with a static sequence length pads there too.
+    padding_side: ClassVar[str] = "right"
+    pad_id: int
 
     def __init__(self, ref: PackageRef, package: Any):
         self.ref = ref
@@ -57,6 +60,11 @@ class Family(ABC):
     def reads_media(self) -> bool:
         """Whether this package reads images and videos (a vision tower)."""
         return False
+
+    def sequence_padding(self) -> dict:
+        """How rows are padded to a longer static length without changing their answers: on the side the
+        family pads, with the pad token, mask 0 and position 0 (masked tokens no real token attends to)."""
+        return {"side": self.padding_side, "values": {"input_ids": int(self.pad_id), "attention_mask": 0, "position_ids": 0}}
 
     @property
     def shared_dynamic_axes(self) -> dict[str, dict[int, str]]:

@@ -69,9 +69,28 @@ class OrtEngine:
 
     @classmethod
     def from_file(
-        cls, model_path: Path, *, device_kind: str = "cpu", device_index: int | None = None, output_name: str, optimized_cache: Path | None = None
+        cls,
+        model_path: Path,
+        *,
+        device_kind: str = "cpu",
+        device_index: int | None = None,
+        output_name: str,
+        optimized_cache: Path | None = None,
+        buckets: dict | None = None,
     ) -> "OrtEngine":
-        session, use = open_session(model_path, device_kind, device_index, optimized_cache)
+        """`buckets` (the manifest's, for graphs with static sequence lengths): one graph per length next to
+        `model_path`; on a GPU every graph is opened (compiled) now, on CPU each on first use."""
+        if buckets:
+            from runtime.engines.onnxruntime.static_lengths import StaticLengthSessions
+
+            session = StaticLengthSessions(
+                model_path.parent, buckets, lambda path: open_session(path, device_kind, device_index, optimized_cache)[0]
+            )
+            if device_kind != "cpu":
+                session.open_all()
+            use = None
+        else:
+            session, use = open_session(model_path, device_kind, device_index, optimized_cache)
         engine = cls(session, output_name, session.get_providers()[0], device_kind, device_index)
         engine.optimized_cache, engine.optimized_cache_use = optimized_cache, use
         return engine

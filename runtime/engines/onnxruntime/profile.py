@@ -73,7 +73,7 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     engine = OrtEngine.from_file(
         artifact / manifest["model_file"], device_kind=device.kind, device_index=device.index, output_name=family.output_name,
-        optimized_cache=root / "ort-optimized",
+        optimized_cache=root / "ort-optimized", buckets=manifest.get("buckets"),
     )  # fmt: skip
     if shared_context:
         shared = manifest.get("shared_context")

@@ -127,6 +127,7 @@ class Decision3Family(Family):
     input_names = ("input_ids", "attention_mask", "position_ids", "option_mask")
     shared_input_names = ("prefix_ids", "input_ids", "attention_mask", "query_index", "option_mask")
     output_name = "probabilities"
+    padding_side = "left"  # the readout reads the last position
     dynamic_axes = {
         "input_ids": {0: "batch", 1: "sequence"},
         "attention_mask": {0: "batch", 1: "sequence"},

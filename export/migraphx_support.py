@@ -23,7 +23,10 @@ def unsupported_nodes(model: onnx.ModelProto) -> list[str]:
     ops, constant_inputs = set(rules["ops"]), rules["constant_inputs"]
     types = {getattr(TensorProto, name) for name in rules["types"]}
     graph = model.graph
-    inferred = onnx.shape_inference.infer_shapes(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except onnx.shape_inference.InferenceError:  # nodes of an unknown domain: check what is declared
+        inferred = model
     element_types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info) + list(graph.input) + list(graph.output)}
     element_types.update({init.name: init.data_type for init in graph.initializer})
     producers = {output: node for node in graph.node for output in node.output}

@@ -68,6 +68,28 @@ def test_graph_ops(artifacts, name, variant):
     assert manifest["op_counts"] == dict(sorted(manifest["op_counts"].items()))
 
 
+@pytest.mark.parametrize("name", ["d2_qwen3_5", "d3"])
+def test_portable_graphs_have_static_lengths_and_only_migraphx_ops(artifacts, name):
+    from export.migraphx_support import unsupported_nodes
+
+    root = artifacts[(name, "portable")]
+    buckets = read_artifact(root)["buckets"]
+    lengths = [graph["length"] for graph in buckets["graphs"]]
+    assert lengths[0] == 128 and lengths == sorted(lengths) and all(length % 64 == 0 for length in lengths)
+    assert buckets["graphs"][-1]["model_file"] == "model.onnx"
+    assert buckets["padding"]["side"] == ("left" if name == "d3" else "right")
+    for graph in buckets["graphs"]:
+        model = onnx.load(str(root / graph["model_file"]), load_external_data=False)
+        assert not any(op in ("Scan", "Loop", "Attention", "RMSNormalization") for _, op in all_ops(model))
+        sequence = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][1]
+        assert sequence == graph["length"]
+        assert unsupported_nodes(model) == [], graph
+    contrib = onnx.load(str(artifacts[(name, "contrib")] / "model.onnx"), load_external_data=False)
+    refused = unsupported_nodes(contrib)
+    assert any("LinearAttention" in line and "domain com.microsoft" in line for line in refused)
+    assert any(line.startswith("RMSNormalization") for line in refused)
+
+
 def random_rows(family, batch: int, length: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     ids = rng.integers(0, 1600, size=(batch, length), dtype=np.int64)
     mask = np.ones((batch, length), dtype=np.int64)

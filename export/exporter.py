@@ -149,6 +149,7 @@ def export_family(
             counts = op_counts(onnx.load(str(temp / MODEL_FILE), load_external_data=False))
             if variant == "portable" and any(key.startswith("com.microsoft::") for key in counts):
                 raise ArtifactError("portable graph still holds com.microsoft nodes")
+            cuda_check = check_cuda_kernels(temp / MODEL_FILE) if variant == "contrib" and dtype in DEVICE_DTYPES["cuda"] else None
             bar.update()
             phase("session")
             engine = None
@@ -174,6 +175,7 @@ def export_family(
             phase("finalize")
             manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, parity, shared, media)
             manifest["buckets"] = buckets
+            manifest["cuda_kernels"] = cuda_check
             manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
             manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed, "weights": "streamed from the package"}
             write_manifest(temp, manifest)
@@ -222,6 +224,17 @@ def emit_graph(
     return proto, {"shared": written.shared, "own": written.own, "index": written.index}
 
 
+def check_cuda_kernels(model_path: Path) -> dict:
+    """Every typed node of a CUDA-bound graph has a CUDA kernel for its floating-point types (the vendored
+    registry table); a gap would fail the session on the GPU with CPU fallback disabled."""
+    from export.provider_checks import cuda_kernel_gaps, provider_rules
+
+    gaps = cuda_kernel_gaps(onnx.load(str(model_path), load_external_data=False))
+    if gaps:
+        raise ArtifactError("nodes with no CUDA kernel for their type: " + "; ".join(gaps[:5]))
+    return {"gaps": 0, "checked_against": provider_rules("cuda_kernels.json")["source"]}
+
+
 def static_sequence_lengths(longest_prompt: int, lengths: tuple[int, ...] | None) -> tuple[int, ...]:
     """The portable variant's static lengths: multiples of the GDN chunk, the last covering the package's
     longest prompt."""
@@ -246,7 +259,7 @@ def static_sequence_lengths(longest_prompt: int, lengths: tuple[int, ...] | None
 def write_static_graphs(proto: onnx.ModelProto, temp: Path, family: Family, gdn, lengths: tuple[int, ...]) -> dict:
     """The portable graphs, one per static length, all reading the main graph's weights file; the longest is
     model.onnx itself. Each is checked node by node against the MIGraphX provider's list."""
-    from export.migraphx_support import provider_rules, unsupported_nodes
+    from export.provider_checks import migraphx_refusals, provider_rules
     from export.portable import lower_to_portable
 
     config = family.backbone_config()
@@ -254,7 +267,7 @@ def write_static_graphs(proto: onnx.ModelProto, temp: Path, family: Family, gdn,
     graphs = []
     for length in lengths:
         lowered = lower_to_portable(proto, gdn, heads, length)
-        problems = unsupported_nodes(lowered)
+        problems = migraphx_refusals(lowered)
         if problems:
             raise ArtifactError(f"the {length}-token portable graph has nodes the MIGraphX provider does not take: " + "; ".join(problems[:5]))
         name = MODEL_FILE if length == lengths[-1] else f"model_t{length}.onnx"

@@ -18,6 +18,7 @@ import runtime
 from conftest import load_kwargs
 from export.artifact import read_artifact
 from export.exporter import export_package
+from export.provider_checks import cuda_kernel_gaps
 from runtime.errors import ArtifactError
 
 CASES = [("d2_qwen3", "contrib"), ("d2_qwen3_5", "contrib"), ("d2_lora", "contrib"), ("d3", "contrib"), ("d2_qwen3_5", "portable"), ("d3", "portable")]
@@ -70,7 +71,7 @@ def test_graph_ops(artifacts, name, variant):
 
 @pytest.mark.parametrize("name", ["d2_qwen3_5", "d3"])
 def test_portable_graphs_have_static_lengths_and_only_migraphx_ops(artifacts, name):
-    from export.migraphx_support import unsupported_nodes
+    from export.provider_checks import migraphx_refusals
 
     root = artifacts[(name, "portable")]
     buckets = read_artifact(root)["buckets"]
@@ -83,9 +84,9 @@ def test_portable_graphs_have_static_lengths_and_only_migraphx_ops(artifacts, na
         assert not any(op in ("Scan", "Loop", "Attention", "RMSNormalization") for _, op in all_ops(model))
         sequence = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][1]
         assert sequence == graph["length"]
-        assert unsupported_nodes(model) == [], graph
+        assert migraphx_refusals(model) == [], graph
     contrib = onnx.load(str(artifacts[(name, "contrib")] / "model.onnx"), load_external_data=False)
-    refused = unsupported_nodes(contrib)
+    refused = migraphx_refusals(contrib)
     assert any("LinearAttention" in line and "domain com.microsoft" in line for line in refused)
     assert any(line.startswith("RMSNormalization") for line in refused)
 
@@ -556,6 +557,7 @@ def test_fp16_and_bf16_exports_keep_fp32_islands_and_type_check(packages, models
         typed = [matmul_weights[n.input[1]] for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in matmul_weights]
         assert typed.count(onnx.TensorProto.FLOAT) == 1 and typed.count(element) == len(typed) - 1  # the readout stays FP32
         assert {o.type.tensor_type.elem_type for o in graph.graph.output} == {onnx.TensorProto.FLOAT}
+        assert cuda_kernel_gaps(graph) == [] and manifest["cuda_kernels"]["gaps"] == 0  # each typed node has a CUDA kernel
         if dtype == "fp16":
             assert manifest["smoke"]["ran"] and manifest["smoke_parity"]["decisions_changed"] == 0
             assert manifest["smoke_parity"]["max_abs_diff"] <= 1e-2

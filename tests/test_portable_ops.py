@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
 
 from export.chunked_gdn import GraphBuilder, lower_gated_delta
-from export.migraphx_support import unsupported_nodes
+from export.provider_checks import cuda_kernel_gaps, migraphx_refusals
 from export.primitive_ops import lower_attention, lower_gather_nd, lower_gelu, lower_layer_norm, lower_rms_norm
 
 
@@ -102,14 +102,30 @@ def test_migraphx_check_applies_the_providers_rules():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
     shape_input = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
     from_input = graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], [x, shape_input])
-    assert unsupported_nodes(from_input) == ["Reshape y: input 1 (shape) is not known at compile time"]
+    assert migraphx_refusals(from_input) == ["Reshape y: input 1 (shape) is not known at compile time"]
     from_shape = graph(
         [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["y"])], [x]
     )  # a Shape chain is known when MIGraphX compiles
-    assert unsupported_nodes(from_shape) == []
+    assert migraphx_refusals(from_shape) == []
     scan = graph([helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Scan", ["x"], ["z"], num_scan_inputs=1, body=helper.make_graph([], "b", [], []))], [x])
-    assert unsupported_nodes(scan) == ["Scan z: not in the provider's op list"]
+    assert migraphx_refusals(scan) == ["Scan z: not in the provider's op list"]
     bf16 = graph([helper.make_node("Cast", ["x"], ["b"], to=TensorProto.BFLOAT16), helper.make_node("Cast", ["b"], ["y"], to=TensorProto.FLOAT)], [x])
-    assert unsupported_nodes(bf16) == ["Cast b: tensor type BFLOAT16", "Cast y: tensor type BFLOAT16"]
+    assert migraphx_refusals(bf16) == ["Cast b: tensor type BFLOAT16", "Cast y: tensor type BFLOAT16"]
     contrib = graph([helper.make_node("LinearAttention", ["x"], ["y"], domain="com.microsoft")], [x])
-    assert "domain com.microsoft" in unsupported_nodes(contrib)[0]
+    assert "domain com.microsoft" in migraphx_refusals(contrib)[0]
+
+
+def test_cuda_kernel_check_flags_types_the_provider_has_no_kernel_for():
+    x = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])
+
+    def gaps(nodes):
+        graph = helper.make_graph(nodes, "g", [x], [y])
+        return cuda_kernel_gaps(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]))
+
+    to_float = helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT)
+    assert gaps([helper.make_node("Sigmoid", ["x"], ["s"]), to_float]) == []  # Sigmoid has a bf16 kernel
+    assert gaps([helper.make_node("Sin", ["x"], ["s"]), to_float]) == ["Sin s: no CUDA kernel for BFLOAT16"]
+    assert gaps([helper.make_node("Softplus", ["x"], ["s"]), to_float]) == ["Softplus s: no CUDA kernel for BFLOAT16"]
+    assert gaps([helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT), helper.make_node("Sin", ["f"], ["y"])]) == []
+    assert gaps([helper.make_node("Mish", ["x"], ["s"]), to_float]) == ["Mish s: no CUDA kernel in the vendored table"]

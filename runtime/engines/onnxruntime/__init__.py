@@ -7,14 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.engines.onnxruntime.providers import check_provider_available, provider_options, provider_start_error
 from runtime.errors import ArtifactError, UnsupportedDeviceError
 
-# device kind -> (execution provider, pip package that brings it, variant it needs)
-PROVIDERS = {
-    "cpu": ("CPUExecutionProvider", "onnxruntime", None),
-    "cuda": ("CUDAExecutionProvider", "onnxruntime-gpu", None),
-    "rocm": ("MIGraphXExecutionProvider", "onnxruntime-migraphx", "portable"),
-}
 # Artifact dtypes each device kind's provider has kernels for (ORT's CPU provider implements no bf16 Mul or
 # MatMul; the CUDA provider's contrib GDN kernels take float, float16 and bfloat16).
 DEVICE_DTYPES = {"cpu": ("fp32", "fp16", "int8"), "cuda": ("fp32", "fp16", "bf16"), "rocm": ("fp32", "fp16")}
@@ -26,17 +21,6 @@ def cpu_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return max(1, os.cpu_count() or 1)
-
-
-def provider_for(device_kind: str, device_index: int | None, available: list[str]) -> tuple[str, dict]:
-    provider, package, _ = PROVIDERS[device_kind]
-    if provider not in available:
-        raise UnsupportedDeviceError(
-            f"ONNX Runtime has no {provider} in this installation (available: {', '.join(available)}); "
-            f"install the {package} package for device {device_kind}"
-        )
-    options = {} if device_kind == "cpu" else {"device_id": int(device_index or 0)}
-    return provider, options
 
 
 def session_options(device_kind: str):
@@ -62,6 +46,12 @@ class OrtEngine:
         self.provider = provider
         self.device_kind, self.device_index = device_kind, device_index
         self.input_names = [i.name for i in session.get_inputs()]
+        # On a GPU: inputs in kept device buffers, the output bound on the device (CUDA) and copied back alone.
+        self.buffers = None
+        if device_kind == "cuda":
+            from runtime.engines.onnxruntime.io_binding import DeviceBuffers
+
+            self.buffers = DeviceBuffers("cuda", device_index or 0)
         self.shared_session = None  # the shared_context graph, when attached
         self.media = None  # the vision and media text graphs (MediaGraphs), when attached
         self.optimized_cache: Path | None = None
@@ -111,7 +101,7 @@ class OrtEngine:
         return self.media is not None
 
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return _run(self.session, self.output_name, inputs)
+        return _run(self.session, self.output_name, inputs, self.buffers)
 
     def forward_media(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         if self.media is None:
@@ -121,7 +111,7 @@ class OrtEngine:
     def forward_shared(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         if self.shared_session is None:
             raise ArtifactError("this artifact has no shared_context graph; re-export it with --shared-context")
-        return _run(self.shared_session, self.output_name, inputs)
+        return _run(self.shared_session, self.output_name, inputs, self.buffers)
 
 
 def open_session(model_path: Path, device_kind: str, device_index: int | None, optimized_cache: Path | None = None):
@@ -131,10 +121,19 @@ def open_session(model_path: Path, device_kind: str, device_index: int | None, o
 
     from runtime.engines.onnxruntime.optimized_cache import cache_key, cached_model, open_and_save
 
-    provider, provider_options = provider_for(device_kind, device_index, ort.get_available_providers())
+    provider = check_provider_available(device_kind, ort.get_available_providers())
+    options_for_provider = provider_options(device_kind, device_index)
 
     def open_with(options, path: Path = model_path):
-        return ort.InferenceSession(str(path), sess_options=options, providers=[(provider, provider_options)])
+        try:
+            session = ort.InferenceSession(str(path), sess_options=options, providers=[(provider, options_for_provider)])
+        except Exception as exc:
+            if device_kind != "cpu" and _looks_like_provider_failure(str(exc)):
+                raise provider_start_error(device_kind, [], str(exc).splitlines()[0][:300]) from None
+            raise
+        if session.get_providers()[0] != provider:  # ORT logs why and falls back to CPU: refuse that
+            raise provider_start_error(device_kind, session.get_providers())
+        return session
 
     try:
         if optimized_cache is None or device_kind != "cpu":
@@ -151,10 +150,22 @@ def open_session(model_path: Path, device_kind: str, device_index: int | None, o
 
                 shutil.rmtree(cached.parent, ignore_errors=True)
         return open_and_save(open_with, session_options(device_kind), optimized_cache, key), "stored"
+    except UnsupportedDeviceError:
+        raise
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
         raise ArtifactError(f"ONNX Runtime cannot open {model_path} on {provider}: {exc}") from None
 
 
-def _run(session, output_name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+def _looks_like_provider_failure(message: str) -> bool:
+    lowered = message.lower()
+    return any(word in lowered for word in ("cuda", "cudnn", "cublas", "hip", "migraphx", "rocm", "libcu", "provider"))
+
+
+def _run(session, output_name: str, inputs: dict[str, np.ndarray], buffers=None) -> np.ndarray:
     feed = {value.name: np.ascontiguousarray(inputs[value.name]) for value in session.get_inputs()}
+    resolve = getattr(session, "resolve", None)
+    if resolve is not None:  # static-length graphs: the padded rows and the graph that takes them
+        session, feed = resolve(feed)
+    if buffers is not None:
+        return buffers.run(session, output_name, feed).astype(np.float32, copy=False)
     return session.run([output_name], feed)[0].astype(np.float32, copy=False)

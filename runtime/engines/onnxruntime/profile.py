@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.devices import Device
-from runtime.engines.onnxruntime import DEVICE_DTYPES, PROVIDERS, OrtEngine
+from runtime.engines.onnxruntime import DEVICE_DTYPES, OrtEngine
+from runtime.engines.onnxruntime.providers import PROVIDERS
 from runtime.errors import ArtifactError
 from runtime.families.base import Family
 from runtime.packages.resolve import default_cache_dir
 
 
 def default_variant(device: Device) -> str:
-    return PROVIDERS[device.kind][2] or "contrib"
+    return PROVIDERS[device.kind].variant or "contrib"
 
 
 def cached_artifact_dir(family: Family, variant: str, dtype: str, cache_dir=None) -> Path:
@@ -61,13 +62,13 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
             f"artifact {artifact} was exported from model {source['model_sha256'][:12]}…, not this package "
             f"({family.package.model_sha256[:12]}…)"
         )
-    needed = PROVIDERS[device.kind][2]
+    needed = PROVIDERS[device.kind].variant
     if needed and manifest["variant"] != needed:
         raise ArtifactError(f"device {device.name} needs the {needed} variant, artifact {artifact} is {manifest['variant']}")
     runs = DEVICE_DTYPES.get(device.kind, ())
     if manifest["dtype"] not in runs:
         raise ArtifactError(
-            f"artifact {artifact} is {manifest['dtype']}; {PROVIDERS[device.kind][0]} on {device.name} runs {', '.join(runs)} artifacts "
+            f"artifact {artifact} is {manifest['dtype']}; {PROVIDERS[device.kind].name} on {device.name} runs {', '.join(runs)} artifacts "
             f"(export one with --dtype {runs[0]})"
         )
     root = Path(cache_dir) if cache_dir else default_cache_dir()

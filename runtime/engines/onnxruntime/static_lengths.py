@@ -64,7 +64,12 @@ class StaticLengthSessions:
             padded[name] = np.pad(array, widths, constant_values=self.fills[name])
         return padded
 
-    def run(self, output_names: list[str], feed: dict[str, np.ndarray]):
+    def resolve(self, feed: dict[str, np.ndarray]) -> tuple[Any, dict[str, np.ndarray]]:
+        """The session of the shortest graph that holds these rows, and the rows padded to its length."""
         tokens = max(array.shape[SEQUENCE_AXIS] for name, array in feed.items() if name in self.fills)
         length = self.length_for(tokens)
-        return self.session(length).run(output_names, self.pad(feed, length))
+        return self.session(length), self.pad(feed, length)
+
+    def run(self, output_names: list[str], feed: dict[str, np.ndarray]):
+        session, padded = self.resolve(feed)
+        return session.run(output_names, padded)

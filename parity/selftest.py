@@ -1,0 +1,218 @@
+"""`vllm-sr-runtime selftest`: one command that validates a host end to end.
+
+Devices found; `exact` vs `max_speed` parity for each artifact dtype the device runs, on tiny fixtures of
+every family (and, on a GPU, a real-dimension Decision 3.0 nano fixture), each gated; forward latency of
+both profiles at a few prompt lengths; requests/s at a few client counts against a real `serve`. Writes
+selftest.json; a failed gate makes the command exit non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FIXTURES = {  # name -> `fixture` options; confident readouts, so a changed decision means something
+    "d2-qwen3": {"family": "decision2", "backbone": "qwen3"},
+    "d2-qwen3_5": {"family": "decision2", "backbone": "qwen3_5"},
+    "d2-lora": {"family": "decision2", "backbone": "qwen3_5", "adapter": True},
+    "d3": {"family": "decision3"},
+}
+REAL_DIMENSION = {"d3-nano": {"family": "decision3", "size": "nano"}}
+READOUT_SCALE = 8.0
+# The artifact dtype served for the throughput check: the device's fastest that is expected to pass parity.
+SERVE_PREFERENCE = {"cpu": ("fp32", "fp16", "int8"), "cuda": ("bf16", "fp16", "fp32"), "rocm": ("fp16", "fp32")}
+FP32_MAX_ABS_DIFF = 1e-4
+LOW_PRECISION_MAX_CHANGED_RATE = 0.01
+
+
+@dataclass
+class SelftestOptions:
+    device: str = "auto"
+    out: Path = Path("selftest")
+    fixtures: list[str] = field(default_factory=lambda: list(FIXTURES))
+    dtypes: list[str] | None = None  # default: every dtype the device's provider runs
+    real_dimension: bool | None = None  # default: on a GPU only
+    lengths: list[int] = field(default_factory=lambda: [128, 512, 2048])
+    clients: list[int] = field(default_factory=lambda: [1, 8, 64])
+    http_seconds: float = 10.0
+    questions: int = 40  # parity questions per fixture and dtype (the short suite's first ones)
+    repeats: int = 3
+    progress: bool = True
+
+
+def gate_for(dtype: str) -> dict:
+    """fp32 answers like exact to 1e-4; lower precision may move probabilities but not decisions (<= 1%)."""
+    if dtype == "fp32":
+        return {"max_abs_diff": FP32_MAX_ABS_DIFF, "max_changed_rate": 0.0}
+    return {"max_abs_diff": None, "max_changed_rate": LOW_PRECISION_MAX_CHANGED_RATE}
+
+
+def devices_found() -> dict:
+    import onnxruntime as ort
+    import torch
+
+    from runtime.devices import parse_device
+
+    gpus = []
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            gpus.append({"index": index, "name": props.name, "memory_gib": round(props.total_memory / 2**30, 1)})
+    auto = parse_device("auto")
+    return {
+        "host": platform.node(),
+        "cpu_threads": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_gpu": "rocm" if getattr(torch.version, "hip", None) else ("cuda" if torch.cuda.is_available() else None),
+        "gpus": gpus,
+        "onnxruntime": ort.__version__,
+        "ort_providers": ort.get_available_providers(),
+        "auto": auto.name,
+    }
+
+
+def _fixture(name: str, spec: dict, root: Path) -> tuple[Path, Path | None]:
+    from runtime.fixtures.writer import write_fixture
+
+    out = root / name
+    written = write_fixture(spec["family"], out, backbone=spec.get("backbone"), size=spec.get("size", "tiny"), adapter=spec.get("adapter", False), readout_scale=READOUT_SCALE)  # fmt: skip
+    return out, (written[1] if len(written) > 1 else None)
+
+
+def _parity(exact: Any, fast: Any, questions: int) -> dict:
+    from parity.compare import compare, gates, summarize
+    from parity.suite import short_suite
+
+    suite = short_suite(exact.family.max_input_tokens, questions=questions)
+    summary = summarize(compare(exact, fast, suite, progress=False))
+    gate = gate_for(fast.dtype)
+    failed = gates(summary, gate["max_changed_rate"], gate["max_abs_diff"])
+    return {
+        "questions": summary["compared"], "decisions_changed": summary["decisions_changed"], "changed_rate": summary["changed_rate"],
+        "max_abs_diff": summary["abs_diff"]["max"], "median_abs_diff": summary["abs_diff"]["median"], "gate": gate, "failed": failed,
+    }  # fmt: skip
+
+
+def _serve_rps(package: Path, artifact: Path, device: str, clients: list[int], seconds: float, base_path: Path | None) -> list[dict]:
+    """Requests/s of a real `serve` (gunicorn, Unix socket) of the package's max_speed artifact."""
+    from runtime.bench.http_load import UnixConnection, run_http
+
+    folder = Path(tempfile.mkdtemp(prefix="vsr-selftest-"))
+    os.chmod(folder, 0o700)
+    uds = str(folder / "serve.sock")
+    command = [sys.executable, "-m", "runtime.cli", "serve", str(package), "--profile", "max_speed", "--artifact", str(artifact)]
+    command += ["--device", device, "--uds", uds, "--log-level", "warning"] + (["--base-path", str(base_path)] if base_path else [])
+    log = open(folder / "serve.log", "wb")
+    process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"serve exited with {process.returncode}: {(folder / 'serve.log').read_text()[-2000:]}")
+            try:
+                conn = UnixConnection(uds, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("serve did not become ready in 600 s")
+            time.sleep(0.3)
+        return run_http(None, uds, clients, seconds, lambda: None)
+    finally:
+        os.killpg(process.pid, 15)
+        process.wait(timeout=60)
+        log.close()
+
+
+def run_selftest(options: SelftestOptions) -> dict:
+    import runtime
+    from export.exporter import export_package
+    from runtime.bench.forward import run_forward
+    from runtime.devices import parse_device
+    from runtime.engines.onnxruntime import DEVICE_DTYPES
+    from runtime.engines.onnxruntime.providers import PROVIDERS
+
+    started = time.time()
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = parse_device(options.device)
+    variant = PROVIDERS[device.kind].variant or "contrib"
+    dtypes = options.dtypes or list(DEVICE_DTYPES[device.kind])
+    real_dimension = device.kind != "cpu" if options.real_dimension is None else options.real_dimension
+    chosen = {name: FIXTURES[name] for name in options.fixtures} | (REAL_DIMENSION if real_dimension else {})
+    report: dict = {"devices": devices_found(), "device": device.name, "variant": variant, "dtypes": dtypes, "parity": [], "latency": [], "http": []}
+
+    def log(message: str) -> None:
+        if options.progress:
+            print(f"[selftest {time.time() - started:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+    main: tuple | None = None
+    for name, spec in chosen.items():
+        package, base = _fixture(name, spec, out / "fixtures")
+        common = {"device": device.name, "base_path": base}
+        exact = runtime.load(package, profile="exact", **common)
+        fast_models = {}
+        for dtype in dtypes:
+            artifact = out / "artifacts" / f"{name}-{variant}-{dtype}"
+            log(f"{name}: export {variant}/{dtype}")
+            try:
+                export_package(package, artifact, variant=variant, dtype=dtype, base_path=base, progress=False, smoke="off")
+                fast = runtime.load(package, profile="max_speed", artifact=artifact, **common)
+                row = {"fixture": name, "dtype": dtype, **_parity(exact, fast, options.questions)}
+                fast_models[dtype] = (fast, artifact)
+            except Exception as exc:  # one dtype that cannot export or load fails its row, not the run
+                row = {"fixture": name, "dtype": dtype, "failed": [f"{type(exc).__name__}: {exc}"]}
+            report["parity"].append(row)
+            log(f"{name} {dtype}: " + ("ok" if not row["failed"] else "; ".join(row["failed"])))
+        main = (name, package, base, exact, fast_models)  # the last fixture (the largest) is measured below
+    if main and main[4]:
+        name, package, base, exact, fast_models = main
+        best = next(dtype for dtype in SERVE_PREFERENCE[device.kind] if dtype in fast_models)
+        models = {"exact": exact} | {f"max_speed-{dtype}": model for dtype, (model, _) in fast_models.items()}
+        log(f"{name}: forward latency at {options.lengths} tokens")
+        report["latency"] = [
+            {k: row[k] for k in ("profile", "length", "target_length", "median_ms", "p90_ms", "ratio_to_exact")}
+            for row in run_forward(models, options.lengths, [1], options.repeats, 1.0, lambda: None)
+        ]
+        log(f"{name}: serve max_speed-{best}, {options.clients} clients")
+        report["http"] = [
+            {"dtype": best, "clients": row["concurrency"], "rps": row["rps"], "median_ms": row["median_ms"], "p99_ms": row["p99_ms"], "statuses": row["statuses"]}
+            for row in _serve_rps(package, fast_models[best][1], device.name, options.clients, options.http_seconds, base)
+        ]
+        report["http_fixture"] = report["latency_fixture"] = name
+    report["failed"] = [f"{row['fixture']} {row['dtype']}: {failure}" for row in report["parity"] for failure in row["failed"]]
+    report["seconds"] = round(time.time() - started, 1)
+    (out / "selftest.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def print_report(report: dict) -> None:
+    found = report["devices"]
+    gpus = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in found["gpus"]) or "none"
+    print(f"devices: GPUs {gpus}; ORT providers {', '.join(found['ort_providers'])}; auto -> {found['auto']}; ran on {report['device']} ({report['variant']})")
+    print(f"{'check':34} {'dtype':6} {'result':>48}")
+    for row in report["parity"]:
+        if "max_abs_diff" in row:
+            result = f"{row['decisions_changed']}/{row['questions']} changed, max |dp| {row['max_abs_diff']:.2e}"
+        else:
+            result = "did not run"
+        status = "FAIL" if row["failed"] else "ok"
+        print(f"{'parity ' + row['fixture']:34} {row['dtype']:6} {result:>43} {status:>4}")
+    for row in report["latency"]:
+        ratio = f"  x{row['ratio_to_exact']:.2f} vs exact" if row["ratio_to_exact"] and row["profile"] != "exact" else ""
+        print(f"{'forward ' + row['profile'] + ' @' + str(row['length']) + ' tok':34} {'':6} {row['median_ms']:>40.1f} ms{ratio}")
+    for row in report["http"]:
+        print(f"{'serve ' + str(row['clients']) + ' clients':34} {row['dtype']:6} {row['rps']:>38.1f} req/s")
+    for failure in report["failed"]:
+        print(f"FAILED {failure}", file=sys.stderr)
+    print(f"selftest: {'FAILED' if report['failed'] else 'passed'} in {report['seconds']:.0f} s")

@@ -1,0 +1,54 @@
+"""`vllm-sr-runtime selftest [--device auto|cpu|cuda[:N]|rocm[:N]] [--out DIR]`: validate this host end to end."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _list(text: str) -> list[str]:
+    return [item for item in text.split(",") if item]
+
+
+def run(args: argparse.Namespace) -> int:
+    from parity.selftest import FIXTURES, SelftestOptions, print_report, run_selftest
+
+    fixtures = _list(args.fixtures) if args.fixtures else list(FIXTURES)
+    unknown = sorted(set(fixtures) - set(FIXTURES))
+    if unknown:
+        raise ValueError(f"unknown fixture(s) {', '.join(unknown)}; choose from {', '.join(FIXTURES)}")
+    options = SelftestOptions(
+        device=args.device,
+        out=Path(args.out),
+        fixtures=fixtures,
+        dtypes=_list(args.dtypes) if args.dtypes else None,
+        real_dimension=args.real_dimension,
+        lengths=[int(x) for x in _list(args.lengths)],
+        clients=[int(x) for x in _list(args.clients)],
+        http_seconds=args.http_seconds,
+        questions=args.questions,
+        repeats=args.repeats,
+        progress=not args.quiet,
+    )
+    report = run_selftest(options)
+    print_report(report)
+    return 1 if report["failed"] else 0
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("selftest", help="validate this host: devices, parity per dtype, latency, serve throughput")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | rocm[:N]")
+    parser.add_argument("--out", default="selftest", help="where fixtures, artifacts and selftest.json go")
+    parser.add_argument("--fixtures", help="tiny fixtures to check (default all: d2-qwen3,d2-qwen3_5,d2-lora,d3)")
+    parser.add_argument("--dtypes", help="artifact dtypes (default: every dtype the device's provider runs)")
+    parser.add_argument(
+        "--real-dimension", action=argparse.BooleanOptionalAction, default=None,
+        help="also a real-dimension Decision 3.0 nano fixture, measured for latency and serving (default: on a GPU)",
+    )  # fmt: skip
+    parser.add_argument("--lengths", default="128,512,2048", help="forward latency at these prompt lengths (tokens)")
+    parser.add_argument("--clients", default="1,8,64", help="serve throughput at these client counts")
+    parser.add_argument("--http-seconds", type=float, default=10.0, help="seconds per client count")
+    parser.add_argument("--questions", type=int, default=40, help="parity questions per fixture and dtype")
+    parser.add_argument("--repeats", type=int, default=3, help="forward runs per length and profile")
+    parser.add_argument("--quiet", action="store_true")
+    parser.set_defaults(func=run)

@@ -1,0 +1,38 @@
+"""`selftest --device cpu` on a tiny fixture: the real command end to end (export, parity, latency, serve)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from parity.selftest import gate_for
+
+
+def test_gates_per_dtype():
+    assert gate_for("fp32") == {"max_abs_diff": 1e-4, "max_changed_rate": 0.0}
+    for dtype in ("fp16", "bf16", "int8"):
+        assert gate_for(dtype) == {"max_abs_diff": None, "max_changed_rate": 0.01}
+
+
+def test_selftest_on_cpu_reports_every_check_and_fails_on_a_dtype_the_device_cannot_run(tmp_path):
+    out = tmp_path / "selftest"
+    command = [
+        sys.executable, "-m", "runtime.cli", "selftest", "--device", "cpu", "--out", str(out), "--fixtures", "d3",
+        "--dtypes", "fp32,bf16", "--lengths", "128", "--clients", "1,4", "--http-seconds", "1", "--questions", "12",
+        "--repeats", "1", "--quiet",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stderr[-3000:]  # bf16 has no CPU kernels: that row fails, so the run does
+    report = json.loads((out / "selftest.json").read_text())
+    assert report["device"] == "cpu" and report["variant"] == "contrib" and "CPUExecutionProvider" in report["devices"]["ort_providers"]
+    fp32, bf16 = report["parity"]
+    assert fp32["fixture"] == "d3" and fp32["dtype"] == "fp32" and fp32["questions"] == 12 and fp32["failed"] == []
+    assert fp32["decisions_changed"] == 0 and fp32["max_abs_diff"] <= 1e-4
+    assert bf16["dtype"] == "bf16" and "CPUExecutionProvider" in bf16["failed"][0]
+    assert report["failed"] and report["failed"][0].startswith("d3 bf16")
+    assert {row["profile"] for row in report["latency"]} == {"exact", "max_speed-fp32"}
+    assert all(row["median_ms"] > 0 for row in report["latency"])
+    assert [row["clients"] for row in report["http"]] == [1, 4]
+    assert all(row["dtype"] == "fp32" and row["rps"] > 0 and set(row["statuses"]) == {"200"} for row in report["http"])
+    assert "parity d3" in done.stdout and "selftest: FAILED" in done.stdout

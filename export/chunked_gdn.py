@@ -36,6 +36,11 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, inputs, [output], **attributes))
         return output
 
+    def op_outputs(self, op_type: str, inputs: list[str], count: int, **attributes) -> list[str]:
+        outputs = [self.name(op_type.lower()) for _ in range(count)]
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, **attributes))
+        return outputs
+
     def const(self, values, dtype=np.int64, hint: str = "const") -> str:
         output = self.name(hint)
         tensor = numpy_helper.from_array(np.asarray(values, dtype=dtype), output)

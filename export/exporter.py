@@ -7,20 +7,20 @@ import importlib.metadata
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import onnx
 import torch
 from tqdm import tqdm
 
-from export.artifact import ARTIFACT_SCHEMA, atomic_directory, write_manifest
+from runtime.artifacts import ARTIFACT_SCHEMA, atomic_directory, write_manifest
 from export.context import ExportContext
 from export.disk_space import check_disk_space
-from export.graph_passes import cast_mixed_rms_norms, op_counts, trim_contrib_outputs
-from export.phases import PhaseClock, available_memory_bytes
-from export.int8 import quantize_matmuls
-from export.streaming import StreamedModule, TracedGraph, trace, write_graph
+from export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
+from export.graph_passes import op_counts
+from export.phases import PhaseClock
+from export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, plan_smoke, smoke_parity
+from export.static_graphs import check_cuda_kernels, static_sequence_lengths, write_static_graphs
+from export.streaming import StreamedModule, trace
 from runtime.engines.onnxruntime import DEVICE_DTYPES
 from runtime.errors import ArtifactError
 from runtime.families import open_family
@@ -34,8 +34,6 @@ SUPPORTED_DTYPES = ("fp32", "fp16", "bf16", "int8")  # int8: dynamic (activation
 # bf16 is for the CUDA provider's contrib kernels; int8's MatMulInteger with zero points and
 # DynamicQuantizeLinear are not in the MIGraphX provider's list.
 PORTABLE_DTYPES = ("fp32", "fp16")
-# The export opens a CPU session and runs the smoke parity only for dtypes ORT's CPU provider runs.
-CPU_SESSION_DTYPES = DEVICE_DTYPES["cpu"]
 DEFAULT_OPSET = 23
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 SHARED_MODEL_FILE, SHARED_DATA_FILE = "model_shared.onnx", "model_shared.onnx.data"  # its own weights only
@@ -43,22 +41,8 @@ RUNTIME_FILES = (
     "MODEL_MANIFEST.json", "decision_config.json", "tokenizer.json", "tokenizer_config.json",
     "chat_template.jinja", "special_tokens_map.json", "score_bias.json", "calibration.json",
 )  # fmt: skip
-SMOKE_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}  # and no decision changed
-SMOKE_MODES = ("auto", "on", "off")
-# What an ORT CPU session holds beyond its weights file (arena, optimized graph), relative to that file.
-SESSION_MEMORY_FACTOR = 1.25
-SMOKE_STATE = "Write a Python function that merges two sorted lists and explain its running time."
-SMOKE_QUESTIONS = {
-    "domain": {"type": "choice", "instructions": "Which domain?", "criteria": {"code": "Programming", "math": "Mathematics", "law": None}},
-    "reasoning": {"type": "noul", "instructions": "Does it need multi-step reasoning?"},
-    "difficulty": {"type": "score", "instructions": "How hard is it?", "criteria": ["easy", "medium", "hard", "expert"]},
-    "wide": {"type": "choice", "instructions": "Pick a label.", "criteria": {f"label{i}": f"description {i}" for i in range(40)}},
-}
 PHASES = ("load", "trace", "write", "check", "session", "smoke", "finalize")
 SHARED_PHASES = ("shared trace", "shared write", "shared smoke")
-IO_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
-
-
 def export_package(
     package: str | Path,
     out: str | Path,
@@ -126,7 +110,7 @@ def export_family(
 
     try:
         phase("load")
-        skeleton = _build_module(family, dtype, weights=False)
+        skeleton = build_export_module(family, dtype, weights=False)
         streamed = StreamedModule.of(skeleton, family.weight_sources(_numerics(family, dtype)))
         sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
         gdn = gdn_dims(skeleton)
@@ -138,7 +122,7 @@ def export_family(
             phase("write")
             proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress)
             reuse = main_weights["index"]
-            buckets = write_static_graphs(proto, temp, family, gdn, static_lengths) if static_lengths else None
+            buckets = write_static_graphs(proto, temp, family, gdn, static_lengths, MODEL_FILE) if static_lengths else None
             del traced, proto
             for rel in RUNTIME_FILES:
                 if (family.package.root / rel).is_file():
@@ -162,7 +146,7 @@ def export_family(
             smoke_plan = plan_smoke(smoke, family, temp / DATA_FILE, dtype)
             parity, eager = None, None
             if smoke_plan["ran"]:
-                eager = _build_module(family, "fp32")  # the reference (exact's CPU numerics), beside one session
+                eager = build_export_module(family, "fp32")  # the reference (exact's CPU numerics), beside one session
                 parity = smoke_parity(family, eager, engine)
                 check_smoke(parity, dtype)
             bar.update()
@@ -183,103 +167,6 @@ def export_family(
     finally:
         bar.close()
     return json.loads((out / "artifact.json").read_text())
-
-
-def plan_smoke(mode: str, family: Family, weights_file: Path, dtype: str = "fp32") -> dict:
-    """Whether the smoke parity runs, and the memory it needs: the eager model in FP32 plus one ORT session
-    over the artifact's weights (the export itself holds neither)."""
-    eager = 4 * int(family.card().get("parameters") or 0)
-    session = int(weights_file.stat().st_size * SESSION_MEMORY_FACTOR) if weights_file.exists() else 0
-    available = available_memory_bytes()
-    plan = {"mode": mode, "memory_needed_bytes": eager + session, "memory_available_bytes": available}
-    if mode == "off":
-        return {**plan, "ran": False, "reason": "--smoke off"}
-    if dtype not in CPU_SESSION_DTYPES:
-        return {**plan, "ran": False, "reason": f"ONNX Runtime's CPU provider has no {dtype} kernels; run `parity` on a CUDA device"}
-    if mode == "auto" and available is not None and eager + session > available:
-        needed = (eager + session) / 2**30
-        return {**plan, "ran": False, "reason": f"the eager model and an ORT session need about {needed:.1f} GiB, {available / 2**30:.1f} GiB free"}
-    return {**plan, "ran": True, "reason": "--smoke on" if mode == "on" else "fits in free memory"}
-
-
-def emit_graph(
-    traced: TracedGraph,
-    temp: Path,
-    file: str,
-    data_file: str,
-    dtype: str,
-    *,
-    progress: bool = False,
-    reuse: dict | None = None,
-) -> tuple[onnx.ModelProto, dict]:
-    """Quantize the graph's MatMuls for int8 (each weight quantized when it is written), stream its
-    weights into `data_file` (or point them at the main graph's, where `reuse` has them), apply the graph
-    passes, and save it as `file`. Returns the graph (external references) and weight counts."""
-    if dtype == "int8":
-        quantize_matmuls(traced)
-    proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=reuse)
-    trim_contrib_outputs(proto)
-    cast_mixed_rms_norms(proto)
-    onnx.save_model(proto, str(temp / file))
-    return proto, {"shared": written.shared, "own": written.own, "index": written.index}
-
-
-def check_cuda_kernels(model_path: Path) -> dict:
-    """Every typed node of a CUDA-bound graph has a CUDA kernel for its floating-point types (the vendored
-    registry table); a gap would fail the session on the GPU with CPU fallback disabled."""
-    from export.provider_checks import cuda_kernel_gaps, provider_rules
-
-    gaps = cuda_kernel_gaps(onnx.load(str(model_path), load_external_data=False))
-    if gaps:
-        raise ArtifactError("nodes with no CUDA kernel for their type: " + "; ".join(gaps[:5]))
-    return {"gaps": 0, "checked_against": provider_rules("cuda_kernels.json")["source"]}
-
-
-def static_sequence_lengths(longest_prompt: int, lengths: tuple[int, ...] | None) -> tuple[int, ...]:
-    """The portable variant's static lengths: multiples of the GDN chunk, the last covering the package's
-    longest prompt."""
-    from export.chunked_gdn import CHUNK
-
-    top = -(-int(longest_prompt) // CHUNK) * CHUNK
-    if lengths:
-        chosen = sorted({int(length) for length in lengths})
-        bad = [length for length in chosen if length <= 0 or length % CHUNK]
-        if bad:
-            raise ArtifactError(f"static lengths must be positive multiples of {CHUNK}: {', '.join(map(str, bad))}")
-        if chosen[-1] < top:
-            chosen.append(top)  # every prompt the package accepts has a graph
-        return tuple(length for length in chosen if length <= top)
-    chosen, length = [], 128
-    while length < top:
-        chosen.append(length)
-        length *= 2
-    return tuple(chosen + [top])
-
-
-def write_static_graphs(proto: onnx.ModelProto, temp: Path, family: Family, gdn, lengths: tuple[int, ...]) -> dict:
-    """The portable graphs, one per static length, all reading the main graph's weights file; the longest is
-    model.onnx itself. Each is checked node by node against the MIGraphX provider's list."""
-    from export.provider_checks import migraphx_refusals, provider_rules
-    from export.portable import lower_to_portable
-
-    config = family.backbone_config()
-    heads = (config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    graphs = []
-    for length in lengths:
-        lowered = lower_to_portable(proto, gdn, heads, length)
-        problems = migraphx_refusals(lowered)
-        if problems:
-            raise ArtifactError(f"the {length}-token portable graph has nodes the MIGraphX provider does not take: " + "; ".join(problems[:5]))
-        name = MODEL_FILE if length == lengths[-1] else f"model_t{length}.onnx"
-        onnx.save_model(lowered, str(temp / name))
-        graphs.append({"length": length, "model_file": name})
-    return {"graphs": graphs, "padding": family.sequence_padding(), "checked_against": provider_rules()["source"]}
-
-
-def check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
-    tolerance = SMOKE_TOLERANCE.get(dtype)
-    if tolerance is not None and (smoke["max_abs_diff"] > tolerance or smoke["decisions_changed"]):
-        raise ArtifactError(f"{what} failed: max |dp| {smoke['max_abs_diff']:.3g} (limit {tolerance}), {smoke['decisions_changed']} decision(s) changed")
 
 
 def _export_shared(context: ExportContext) -> dict:
@@ -325,7 +212,7 @@ def _numerics(family: Family, dtype: str = "fp32") -> Numerics:
     return dataclasses.replace(numerics, parameter_dtype=DTYPES[dtype]) if dtype in ("fp16", "bf16") else numerics
 
 
-def _build_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:
+def build_export_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:
     """The module the graphs are traced from: without `weights` its parameters are meta tensors (the trace
     needs shapes only; `Family.weight_sources` says where each weight is read from when it is written)."""
     if hasattr(family, "merge_adapter"):
@@ -334,75 +221,6 @@ def _build_module(family: Family, dtype: str, *, weights: bool = True) -> torch.
     if hasattr(module, "full_mask_over_queries"):
         module.full_mask_over_queries = True
     return module.eval()
-
-
-def gdn_dims(module: torch.nn.Module) -> tuple[int, int] | None:
-    config = (getattr(module, "backbone", None) or module.text_model).config
-    if "linear_attention" not in (getattr(config, "layer_types", None) or []):
-        return None
-    return config.linear_key_head_dim, config.linear_value_head_dim
-
-
-def translation_table(module: torch.nn.Module) -> dict:
-    from export import translations
-
-    config = (getattr(module, "backbone", None) or module.text_model).config
-    if gdn_dims(module) is None:
-        return {}
-    return {
-        torch.ops.vsr.causal_conv1d_silu.default: translations.make_causal_conv1d_silu(
-            2 * config.linear_num_key_heads * config.linear_key_head_dim + config.linear_num_value_heads * config.linear_value_head_dim,
-            config.linear_conv_kernel_dim,
-        ),
-        torch.ops.vsr.gated_delta_rule.default: translations.make_gated_delta_rule(
-            config.linear_num_value_heads, config.linear_num_key_heads, config.linear_key_head_dim
-        ),
-        torch.ops.vsr.gated_delta_rule_state.default: translations.make_gated_delta_rule_state(
-            config.linear_num_value_heads, config.linear_num_key_heads, config.linear_key_head_dim
-        ),
-    }
-
-
-def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact", media: Any = None) -> dict:
-    """Eager module vs the graph on the smoke questions: one request of every question type (a padded batch
-    of rows, a JSON state) and one single-row request (a text state): max |dp| and decisions changed. Under
-    shared_context both sides share the multi-question request's prefix; with `media` (prepared
-    images/videos) every request reads them."""
-    from runtime.engines.torch import TorchEngine
-    from runtime.model import DecisionModel
-    from runtime.devices import parse_device
-
-    cpu = parse_device("cpu")
-    eager_engine = TorchEngine(module, cpu.torch_device, family.input_names, family.shared_input_names)
-    eager = DecisionModel(family, eager_engine, profile, cpu, "", shared_min_tokens=0)
-    graph = DecisionModel(family, engine, profile, cpu, "", shared_min_tokens=0)
-    worst, changed, count = 0.0, 0, 0
-    for state, questions in (({"user": "hi", "history": [1, 2, 3]}, SMOKE_QUESTIONS), (SMOKE_STATE, {"reasoning": SMOKE_QUESTIONS["reasoning"]})):
-        if media is None:
-            left, right = eager.ask(state, questions), graph.ask(state, questions)
-        else:
-            left, right = (model.execute(family.plan(state, questions, media=media)).answers for model in (eager, graph))
-        for key, answer in left.items():
-            count += 1
-            a, b = _distribution(answer), _distribution(right[key])
-            worst = max(worst, float(np.max(np.abs(np.array(a) - np.array(b)))))
-            changed += int(np.argmax(a) != np.argmax(b))
-    return {"questions": count, "max_abs_diff": worst, "decisions_changed": changed}
-
-
-def _distribution(answer: dict) -> list[float]:
-    if answer["type"] == "noul":
-        return [1.0 - answer["noul"], answer["noul"]]
-    return list(answer["probabilities"].values())
-
-
-def io_schema(values) -> list[dict]:
-    schema = []
-    for value in values:
-        tensor = value.type.tensor_type
-        shape = [d.dim_param or d.dim_value for d in tensor.shape.dim]
-        schema.append({"name": value.name, "dtype": IO_DTYPES.get(tensor.elem_type, str(tensor.elem_type)), "shape": shape})
-    return schema
 
 
 def _version(name: str) -> str | None:

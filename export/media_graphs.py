@@ -11,7 +11,8 @@ from __future__ import annotations
 import onnx
 import torch
 
-from export.exporter import SMOKE_QUESTIONS, SMOKE_STATE, check_smoke, emit_graph, io_schema, smoke_parity, translation_table
+from export.graph_emit import emit_graph, io_schema, translation_table
+from export.smoke import SMOKE_QUESTIONS, SMOKE_STATE, check_smoke, smoke_parity
 from export.context import ExportContext
 from export.streaming import trace
 from export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision

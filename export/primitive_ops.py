@@ -3,7 +3,8 @@
 Providers whose op lists predate opset 23 (MIGraphX's allow-list in ONNX Runtime) take these instead of
 the fused nodes. The numerics follow the ONNX function definitions: RMSNormalization normalises in its
 stash type (FP32) and casts back before the scale; a fully masked attention row gets uniform weights over
-finite scores (never NaN, which would reach the other rows through the next layer's MatMul).
+finite scores (never NaN, which would reach the other rows through the next layer's MatMul); long
+sequences attend in blocks of query rows so the score matrix is never T x T at once.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from onnx import TensorProto, helper
 
 from export.chunked_gdn import GraphBuilder
 
+# Query rows per attention block: the scores of a block are [rows, keys] per head, not [T, T] (at 8k tokens
+# the whole score matrix of one row and head is 256 MB in FP32).
+QUERY_BLOCK = 512
 LOWEST = {TensorProto.FLOAT: np.finfo(np.float32).min, TensorProto.FLOAT16: np.finfo(np.float16).min}
 
 
@@ -60,20 +64,43 @@ def lower_attention(
     if not all(isinstance(d, int) and d > 0 for d in (heads, kv_heads, head_dim, length, key_length)):
         raise ValueError(f"Attention {node.name}: heads, lengths and head size must be static")
     scale = float(attribute(node, "scale", 0.0) or head_dim**-0.5)
-    b, group = builder, heads // kv_heads
+    b = builder
     k_t = b.op("Transpose", [k], perm=[0, 1, 3, 2])
-    if group > 1:  # [B, Hkv, G*T, D]: query heads h = kv * G + g share key/value head kv
-        q = b.op("Reshape", [q, b.const([0, kv_heads, group * length, head_dim])])
+    mask_type = shapes.get(f"{mask}#type") if mask else None
+    blocks = length // QUERY_BLOCK if length > QUERY_BLOCK and length % QUERY_BLOCK == 0 else 1
+    rows = length // blocks
+    queries = b.op_outputs("Split", [q, b.const([rows] * blocks)], blocks, axis=2) if blocks > 1 else [q]
+    mask_shape = shapes.get(mask) or [None] * 4
+    if mask and blocks > 1 and mask_shape[-2] != 1:
+        masks = b.op_outputs("Split", [mask, b.const([rows] * blocks)], blocks, axis=-2)
+    else:
+        masks = [mask] * blocks  # no mask, or one that broadcasts over the query rows
+    outputs = [
+        _attend(b, block, k_t, v, block_mask, mask_type, element_type, scale, (heads, kv_heads, head_dim, rows, key_length))
+        for block, block_mask in zip(queries, masks)
+    ]
+    if blocks > 1:
+        b.op("Concat", outputs, axis=2, output=node.output[0])
+    else:
+        b.op("Identity", outputs, output=node.output[0])
+    return b.nodes
+
+
+def _attend(b: GraphBuilder, q: str, k_t: str, v: str, mask: str, mask_type, element_type: int, scale: float, dims: tuple) -> str:
+    """Softmax(q k^T * scale + mask) v for one block of query rows [B, H, rows, D]."""
+    heads, kv_heads, head_dim, rows, key_length = dims
+    group = heads // kv_heads
+    if group > 1:  # [B, Hkv, G*rows, D]: query heads h = kv * G + g share key/value head kv
+        q = b.op("Reshape", [q, b.const([0, kv_heads, group * rows, head_dim])])
     scores = b.op("MatMul", [q, k_t])
     if element_type != TensorProto.FLOAT:
         scores = b.op("Cast", [scores], to=TensorProto.FLOAT)  # the softmax in FP32
     scores = b.op("Mul", [scores, b.const(scale, np.float32, "scale")])
-    if group > 1:  # [B, Hkv, G, T, S]
-        scores = b.op("Reshape", [scores, b.const([0, kv_heads, group, length, key_length])])
+    if group > 1:  # [B, Hkv, G, rows, S]
+        scores = b.op("Reshape", [scores, b.const([0, kv_heads, group, rows, key_length])])
     if mask:
-        mask_type = shapes.get(f"{mask}#type")
         if group > 1:
-            mask = b.op("Unsqueeze", [mask, b.const([1])])  # [B, 1, 1, T, S] (or broadcastable)
+            mask = b.op("Unsqueeze", [mask, b.const([1])])  # [B, 1, 1, rows, S] (or broadcastable)
         if mask_type == TensorProto.BOOL:
             scores = b.op("Where", [mask, scores, b.const(LOWEST[TensorProto.FLOAT], np.float32, "lowest")])
         else:
@@ -82,13 +109,10 @@ def lower_attention(
     weights = b.op("Softmax", [scores], axis=-1)
     if element_type != TensorProto.FLOAT:
         weights = b.op("Cast", [weights], to=element_type)
-    if group > 1:
-        weights = b.op("Reshape", [weights, b.const([0, kv_heads, group * length, key_length])])  # [B, Hkv, G*T, S]
-        grouped = b.op("MatMul", [weights, v])
-        b.op("Reshape", [grouped, b.const([0, heads, length, head_dim])], output=node.output[0])
-    else:
-        b.op("MatMul", [weights, v], output=node.output[0])
-    return b.nodes
+    if group == 1:
+        return b.op("MatMul", [weights, v])
+    weights = b.op("Reshape", [weights, b.const([0, kv_heads, group * rows, key_length])])  # [B, Hkv, G*rows, S]
+    return b.op("Reshape", [b.op("MatMul", [weights, v]), b.const([0, heads, rows, head_dim])])
 
 
 def lower_layer_norm(node: onnx.NodeProto, builder: GraphBuilder, element_type: int) -> list[onnx.NodeProto]:

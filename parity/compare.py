@@ -8,17 +8,10 @@ import numpy as np
 from tqdm import tqdm
 
 from parity.suite import SuiteRequest
+from runtime.families.answers import answer_distribution
 
 NEAR_TIE = 0.01  # a changed decision whose reference top-two margin is below this counts as a near-tie
 LENGTH_BUCKETS = ((0, 128), (128, 512), (512, 2048), (2048, 8192), (8192, 1 << 30))
-
-
-def distribution(answer: dict) -> list[float] | None:
-    if "error" in answer:
-        return None
-    if answer["type"] == "noul":
-        return [1.0 - answer["noul"], answer["noul"]]
-    return list(answer["probabilities"].values())
 
 
 def prompt_lengths(model: Any, request: SuiteRequest) -> dict[str, int]:
@@ -47,7 +40,7 @@ def compare(reference: Any, candidate: Any, suite: list[SuiteRequest], progress:
         right = next(candidates)
         lengths = prompt_lengths(reference, request)
         for qid, answer in left.items():
-            ref, cand = distribution(answer), distribution(right[qid])
+            ref, cand = answer_distribution(answer), answer_distribution(right[qid])
             row = {"request": request.id, "question": qid, "type": answer["type"], "prompt_tokens": lengths.get(qid), "media": _media_kind(request)}
             if ref is None or cand is None:
                 row.update(error=answer.get("error") or right[qid].get("error"), same_error=answer == right[qid])

@@ -16,7 +16,7 @@ import torch
 
 import runtime
 from conftest import load_kwargs
-from export.artifact import read_artifact
+from runtime.artifacts import read_artifact
 from export.exporter import export_package
 from export.provider_checks import cuda_kernel_gaps
 from runtime.errors import ArtifactError
@@ -480,14 +480,16 @@ def test_too_little_disk_is_refused_before_any_work(packages, tmp_path, monkeypa
 def test_streamed_graphs_equal_a_trace_with_weights(artifacts, packages, name):
     """The artifact's graphs (and the shared_context graph) are the ones torch.onnx makes from the module with
     its weights: same ops, same wiring, every weight byte-identical (so the same answers, bit for bit)."""
-    from export.exporter import SMOKE_QUESTIONS, SMOKE_STATE, _build_module, translation_table
+    from export.exporter import build_export_module
+    from export.graph_emit import translation_table
+    from export.smoke import SMOKE_QUESTIONS, SMOKE_STATE
     from reference_trace import assert_same_graph, reference_trace
     from runtime.families import open_family
     from runtime.packages.resolve import resolve_package
 
     ref = resolve_package(packages[name])
     family = open_family(ref, **load_kwargs(name, packages[name]))
-    module = _build_module(family, "fp32")
+    module = build_export_module(family, "fp32")
     artifact = artifacts[(name, "contrib")]
     sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
     reference = reference_trace(module, sample, family.input_names, family.dynamic_axes, family.output_name, translation_table(module))

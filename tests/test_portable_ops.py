@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -129,3 +128,21 @@ def test_cuda_kernel_check_flags_types_the_provider_has_no_kernel_for():
     assert gaps([helper.make_node("Softplus", ["x"], ["s"]), to_float]) == ["Softplus s: no CUDA kernel for BFLOAT16"]
     assert gaps([helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT), helper.make_node("Sin", ["f"], ["y"])]) == []
     assert gaps([helper.make_node("Mish", ["x"], ["s"]), to_float]) == ["Mish s: no CUDA kernel in the vendored table"]
+
+
+def test_primitive_attention_in_query_blocks_matches_the_attention_op():
+    from export.primitive_ops import QUERY_BLOCK
+
+    rng = np.random.default_rng(1)
+    length = 2 * QUERY_BLOCK
+    q = rng.standard_normal((1, 4, length, 8), dtype=np.float32)
+    k, v = (rng.standard_normal((1, 2, length, 8), dtype=np.float32) for _ in range(2))
+    mask = np.ones((1, 1, length, length), dtype=bool)
+    mask[0, 0, :, :7] = False
+    fused = helper.make_node("Attention", ["q", "k", "v", "mask"], ["y"], scale=0.3)
+    (expected,) = run([fused], {"q": q, "k": k, "v": v, "mask": mask}, ["y"])
+    shapes = {"q": [1, 4, length, 8], "k": [1, 2, length, 8], "mask": [1, 1, length, length], "mask#type": TensorProto.BOOL}
+    nodes = lower_attention(fused, GraphBuilder("p"), TensorProto.FLOAT, shapes, (4, 2))
+    assert sum(n.op_type == "Softmax" for n in nodes) == 2  # two blocks of query rows
+    (lowered,) = run(nodes, {"q": q, "k": k, "v": v, "mask": mask}, ["y"])
+    np.testing.assert_allclose(lowered, expected, atol=1e-5)

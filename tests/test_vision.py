@@ -287,7 +287,7 @@ def test_artifacts_without_the_vision_graph_refuse_media(packages, vision_artifa
     import json
     import shutil
 
-    from export.artifact import write_manifest
+    from runtime.artifacts import write_manifest
 
     artifact = tmp_path / "artifact"
     shutil.copytree(vision_artifact, artifact)
@@ -333,7 +333,9 @@ def test_streamed_media_graphs_equal_a_trace_with_weights(packages, vision_artif
     import onnx
     import torch
 
-    from export.exporter import SMOKE_QUESTIONS, SMOKE_STATE, _build_module, translation_table
+    from export.exporter import build_export_module
+    from export.graph_emit import translation_table
+    from export.smoke import SMOKE_QUESTIONS, SMOKE_STATE
     from export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision
     from reference_trace import assert_same_graph, reference_trace
     from runtime.families import open_family
@@ -341,7 +343,7 @@ def test_streamed_media_graphs_equal_a_trace_with_weights(packages, vision_artif
     from runtime.packages.resolve import resolve_package
 
     family = open_family(resolve_package(packages["d3_vision"]))
-    module = _build_module(family, "fp32")
+    module = build_export_module(family, "fp32")
     media = family.sample_media()
     (sample,) = segment_groups(media.pixel_values_videos, media.video_grid_thw, VisionLayout.of(module.visual))
     reference = reference_trace(SegmentedVision(module.visual).eval(), sample.inputs, SEGMENT_INPUTS, VISION_DYNAMIC_AXES, VISION_OUTPUT, {})

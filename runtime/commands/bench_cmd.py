@@ -165,7 +165,7 @@ def _artifacts_for(profile: str, artifacts: list) -> list:
     if profile == "max_speed":
         return artifacts
     if profile == "shared_context":
-        from export.artifact import ARTIFACT_FILE
+        from runtime.artifacts import ARTIFACT_FILE
 
         with_graph = [a for a in artifacts if a and (json.loads((Path(a) / ARTIFACT_FILE).read_text()).get("shared_context"))]
         return [None, *with_graph]

@@ -25,7 +25,7 @@ def default_model(cache_dir: str | None) -> str:
     if not (target / "MODEL_MANIFEST.json").is_file():
         print(f"no model given: writing a tiny synthetic Decision 3.0 package to {target}", flush=True)
         code = (
-            "import sys; from pathlib import Path; from export.artifact import atomic_directory; "
+            "import sys; from pathlib import Path; from runtime.artifacts import atomic_directory; "
             "from runtime.fixtures.decision3 import write_decision3\n"
             "with atomic_directory(Path(sys.argv[1])) as temp: write_decision3(temp)"
         )

@@ -68,5 +68,14 @@ def build_answer(question: Question, probabilities: Sequence[float], *, tie_tole
     }
 
 
+def answer_distribution(answer: dict) -> list[float] | None:
+    """An answer's probabilities in option order ([no, yes] for noul); None for a per-question error."""
+    if "error" in answer:
+        return None
+    if answer["type"] == "noul":
+        return [1.0 - answer["noul"], answer["noul"]]
+    return list(answer["probabilities"].values())
+
+
 def error_answer(question_type: str, error: str, message: str) -> dict:
     return {"type": question_type, "error": error, "message": message}

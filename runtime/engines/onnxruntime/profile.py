@@ -7,6 +7,7 @@ from pathlib import Path
 from runtime.devices import Device
 from runtime.engines.onnxruntime import DEVICE_DTYPES, OrtEngine
 from runtime.engines.onnxruntime.providers import PROVIDERS
+from runtime.artifacts import read_artifact, registered_exporter
 from runtime.errors import ArtifactError
 from runtime.families.base import Family
 from runtime.packages.resolve import default_cache_dir
@@ -35,9 +36,7 @@ def ensure_cached_artifact(family: Family, variant: str, cache_dir=None) -> Path
 
             shutil.rmtree(target)  # exported before artifacts held the vision graphs: export again
         if not (target / "artifact.json").is_file():
-            from export.exporter import export_family
-
-            export_family(family, target, variant=variant, dtype="fp32", progress=False)
+            registered_exporter()(family, target, variant=variant, dtype="fp32", progress=False)
     return target
 
 
@@ -49,8 +48,6 @@ def _lacks_media_graphs(family: Family, artifact: Path) -> bool:
 
 def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir=None, shared_context: bool = False, **_: object):
     """The artifact's engine; with `shared_context` also its forward_shared graph (profile shared_context)."""
-    from export.artifact import read_artifact
-
     variant = default_variant(device)
     if artifact is None:
         artifact = ensure_cached_artifact(family, variant, cache_dir)

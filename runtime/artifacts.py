@@ -119,3 +119,20 @@ def _is_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+EXPORTER_GROUP = "vllm_sr_runtime.exporters"  # entry points: name -> callable(family, out, *, variant, dtype, progress)
+
+
+def registered_exporter(name: str = "onnx"):
+    """The exporter an installed distribution registers (the runtime never imports one: `max_speed` with no
+    --artifact reaches it here to fill the artifact cache)."""
+    from importlib.metadata import entry_points
+
+    found = [entry for entry in entry_points(group=EXPORTER_GROUP) if entry.name == name]
+    if not found:
+        raise ArtifactError(
+            f"no artifact exporter {name!r} is registered (entry point group {EXPORTER_GROUP}); install vllm-sr-runtime "
+            "with its export dependencies, or pass --artifact"
+        )
+    return found[0].load()

@@ -1,0 +1,73 @@
+"""Writing a traced graph: int8 rewriting, weights streamed to their file, the graph passes; its I/O schema and
+the custom-op translations a family's module needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import torch
+
+from export.graph_passes import cast_mixed_rms_norms, trim_contrib_outputs
+from export.int8 import quantize_matmuls
+from export.streaming import TracedGraph, write_graph
+
+IO_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
+
+
+def emit_graph(
+    traced: TracedGraph,
+    temp: Path,
+    file: str,
+    data_file: str,
+    dtype: str,
+    *,
+    progress: bool = False,
+    reuse: dict | None = None,
+) -> tuple[onnx.ModelProto, dict]:
+    """Quantize the graph's MatMuls for int8 (each weight quantized when it is written), stream its
+    weights into `data_file` (or point them at the main graph's, where `reuse` has them), apply the graph
+    passes, and save it as `file`. Returns the graph (external references) and weight counts."""
+    if dtype == "int8":
+        quantize_matmuls(traced)
+    proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=reuse)
+    trim_contrib_outputs(proto)
+    cast_mixed_rms_norms(proto)
+    onnx.save_model(proto, str(temp / file))
+    return proto, {"shared": written.shared, "own": written.own, "index": written.index}
+
+
+def io_schema(values) -> list[dict]:
+    schema = []
+    for value in values:
+        tensor = value.type.tensor_type
+        shape = [d.dim_param or d.dim_value for d in tensor.shape.dim]
+        schema.append({"name": value.name, "dtype": IO_DTYPES.get(tensor.elem_type, str(tensor.elem_type)), "shape": shape})
+    return schema
+
+
+def gdn_dims(module: torch.nn.Module) -> tuple[int, int] | None:
+    config = (getattr(module, "backbone", None) or module.text_model).config
+    if "linear_attention" not in (getattr(config, "layer_types", None) or []):
+        return None
+    return config.linear_key_head_dim, config.linear_value_head_dim
+
+
+def translation_table(module: torch.nn.Module) -> dict:
+    from export import translations
+
+    config = (getattr(module, "backbone", None) or module.text_model).config
+    if gdn_dims(module) is None:
+        return {}
+    return {
+        torch.ops.vsr.causal_conv1d_silu.default: translations.make_causal_conv1d_silu(
+            2 * config.linear_num_key_heads * config.linear_key_head_dim + config.linear_num_value_heads * config.linear_value_head_dim,
+            config.linear_conv_kernel_dim,
+        ),
+        torch.ops.vsr.gated_delta_rule.default: translations.make_gated_delta_rule(
+            config.linear_num_value_heads, config.linear_num_key_heads, config.linear_key_head_dim
+        ),
+        torch.ops.vsr.gated_delta_rule_state.default: translations.make_gated_delta_rule_state(
+            config.linear_num_value_heads, config.linear_num_key_heads, config.linear_key_head_dim
+        ),
+    }

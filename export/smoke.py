@@ -1,0 +1,79 @@
+"""The export's smoke parity: the eager FP32 module and the fresh graph on a few fixed requests, gated per dtype."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from export.phases import available_memory_bytes
+from runtime.engines.onnxruntime import DEVICE_DTYPES
+from runtime.errors import ArtifactError
+from runtime.families.answers import answer_distribution
+from runtime.families.base import Family
+
+# The export opens a CPU session and runs the smoke parity only for dtypes ORT's CPU provider runs.
+CPU_SESSION_DTYPES = DEVICE_DTYPES["cpu"]
+SMOKE_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}  # and no decision changed
+SMOKE_MODES = ("auto", "on", "off")
+# What an ORT CPU session holds beyond its weights file (arena, optimized graph), relative to that file.
+SESSION_MEMORY_FACTOR = 1.25
+SMOKE_STATE = "Write a Python function that merges two sorted lists and explain its running time."
+SMOKE_QUESTIONS = {
+    "domain": {"type": "choice", "instructions": "Which domain?", "criteria": {"code": "Programming", "math": "Mathematics", "law": None}},
+    "reasoning": {"type": "noul", "instructions": "Does it need multi-step reasoning?"},
+    "difficulty": {"type": "score", "instructions": "How hard is it?", "criteria": ["easy", "medium", "hard", "expert"]},
+    "wide": {"type": "choice", "instructions": "Pick a label.", "criteria": {f"label{i}": f"description {i}" for i in range(40)}},
+}
+
+
+def plan_smoke(mode: str, family: Family, weights_file: Path, dtype: str = "fp32") -> dict:
+    """Whether the smoke parity runs, and the memory it needs: the eager model in FP32 plus one ORT session
+    over the artifact's weights (the export itself holds neither)."""
+    eager = 4 * int(family.card().get("parameters") or 0)
+    session = int(weights_file.stat().st_size * SESSION_MEMORY_FACTOR) if weights_file.exists() else 0
+    available = available_memory_bytes()
+    plan = {"mode": mode, "memory_needed_bytes": eager + session, "memory_available_bytes": available}
+    if mode == "off":
+        return {**plan, "ran": False, "reason": "--smoke off"}
+    if dtype not in CPU_SESSION_DTYPES:
+        return {**plan, "ran": False, "reason": f"ONNX Runtime's CPU provider has no {dtype} kernels; run `parity` on a CUDA device"}
+    if mode == "auto" and available is not None and eager + session > available:
+        needed = (eager + session) / 2**30
+        return {**plan, "ran": False, "reason": f"the eager model and an ORT session need about {needed:.1f} GiB, {available / 2**30:.1f} GiB free"}
+    return {**plan, "ran": True, "reason": "--smoke on" if mode == "on" else "fits in free memory"}
+
+
+def check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
+    tolerance = SMOKE_TOLERANCE.get(dtype)
+    if tolerance is not None and (smoke["max_abs_diff"] > tolerance or smoke["decisions_changed"]):
+        raise ArtifactError(f"{what} failed: max |dp| {smoke['max_abs_diff']:.3g} (limit {tolerance}), {smoke['decisions_changed']} decision(s) changed")
+
+
+def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact", media: Any = None) -> dict:
+    """Eager module vs the graph on the smoke questions: one request of every question type (a padded batch
+    of rows, a JSON state) and one single-row request (a text state): max |dp| and decisions changed. Under
+    shared_context both sides share the multi-question request's prefix; with `media` (prepared
+    images/videos) every request reads them."""
+    from runtime.engines.torch import TorchEngine
+    from runtime.model import DecisionModel
+    from runtime.devices import parse_device
+
+    cpu = parse_device("cpu")
+    eager_engine = TorchEngine(module, cpu.torch_device, family.input_names, family.shared_input_names)
+    eager = DecisionModel(family, eager_engine, profile, cpu, "", shared_min_tokens=0)
+    graph = DecisionModel(family, engine, profile, cpu, "", shared_min_tokens=0)
+    worst, changed, count = 0.0, 0, 0
+    for state, questions in (({"user": "hi", "history": [1, 2, 3]}, SMOKE_QUESTIONS), (SMOKE_STATE, {"reasoning": SMOKE_QUESTIONS["reasoning"]})):
+        if media is None:
+            left, right = eager.ask(state, questions), graph.ask(state, questions)
+        else:
+            left, right = (model.execute(family.plan(state, questions, media=media)).answers for model in (eager, graph))
+        for key, answer in left.items():
+            count += 1
+            a, b = answer_distribution(answer), answer_distribution(right[key])
+            worst = max(worst, float(np.max(np.abs(np.array(a) - np.array(b)))))
+            changed += int(np.argmax(a) != np.argmax(b))
+    return {"questions": count, "max_abs_diff": worst, "decisions_changed": changed}

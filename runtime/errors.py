@@ -79,3 +79,16 @@ class QuestionError(Exception):
         super().__init__(message)
         self.error = error
         self.message = message
+
+
+TRANSIENT_MESSAGES = ("out of memory", "busy or unavailable", "device busy", "failed to allocate")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed model load is worth another try: a download that broke off, a device that was busy
+    or out of memory while the weights were placed. Verification failures never are."""
+    if getattr(exc, "transient", False):
+        return True
+    if isinstance(exc, (PackageError, ArtifactError)):
+        return False
+    return isinstance(exc, (RuntimeError, MemoryError)) and any(text in str(exc).lower() for text in TRANSIENT_MESSAGES)

@@ -24,6 +24,7 @@ class HubServer:
     def __init__(self) -> None:
         self.repos: dict[tuple[str, str], Path] = {}
         self.requests: list[str] = []
+        self.unavailable = 0  # the next this-many repository listings answer 503 (a Hub that is briefly down)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -91,6 +92,10 @@ class HubServer:
 
             def _route(self, head: bool) -> None:
                 hub.requests.append(f"{self.command} {self.path}")
+                if hub.unavailable > 0 and "/tree/" in self.path:
+                    hub.unavailable -= 1
+                    hub.requests[-1] += " -> 503"
+                    return self._send(503, b'{"error":"Service Unavailable"}', {"Content-Type": "application/json"}, head)
                 url = urlparse(self.path)
                 parts = [unquote(p) for p in url.path.strip("/").split("/")]
                 if parts[:2] == ["api", "models"] and len(parts) >= 5 and parts[4] in ("commits", "refs"):

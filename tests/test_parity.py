@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,8 +14,11 @@ from export.exporter import export_package
 from parity.suite import builtin_suite, short_suite
 
 
-def run_parity(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime.cli", "parity", *args, "--quiet"], capture_output=True, text=True, timeout=900)
+def run_parity(*args: str, perturb: float | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "runtime.cli", "parity"]
+    if perturb is not None:  # the candidate's readout with seeded noise (a test-only wrapper of the same command)
+        command = [sys.executable, str(Path(__file__).with_name("perturbed_parity.py")), str(perturb)]
+    return subprocess.run([*command, *args, "--quiet"], capture_output=True, text=True, timeout=900)
 
 
 def test_builtin_suite_covers_every_kind():
@@ -71,7 +75,7 @@ def test_perturbed_candidate_fails_naming_the_gate(packages, tmp_path):
     ] * 10
     suite.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     out = tmp_path / "report"
-    result = run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(out), "--max-changed-rate", "0.0", "--max-abs-diff", "1e-3", "--perturb", "0.5")
+    result = run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(out), "--max-changed-rate", "0.0", "--max-abs-diff", "1e-3", perturb=0.5)
     assert result.returncode != 0
     assert "--max-abs-diff" in result.stderr and "--max-changed-rate" in result.stderr
     summary = json.loads((out / "parity.json").read_text())["summary"]
@@ -90,7 +94,7 @@ def test_report_renders_in_headless_chromium(packages, tmp_path):
     suite = tmp_path / "suite.jsonl"
     suite.write_text(json.dumps({"state": "s", "questions": {"c": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}, "n": {"type": "noul"}}}) + "\n")
     out = tmp_path / "report"
-    assert run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(out), "--perturb", "0.1").returncode == 0
+    assert run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(out), perturb=0.1).returncode == 0
     probe = out / "probe.html"
     page = (out / "report.html").read_text()
     script = (

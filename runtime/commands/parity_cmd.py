@@ -6,34 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
-
-class PerturbedEngine:
-    """Test-only: adds seeded noise to an engine's readout (logits, or probabilities in log space) so the
-    gates can be seen to fire."""
-
-    def __init__(self, engine, scale: float, probabilities: bool):
-        self.engine, self.scale, self.probabilities = engine, scale, probabilities
-        self.name = f"{engine.name}+noise"
-        self.rng = np.random.default_rng(0)
-
-    def forward(self, inputs):
-        return self._noisy(self.engine.forward(inputs))
-
-    def forward_shared(self, inputs):
-        return self._noisy(self.engine.forward_shared(inputs))
-
-    def forward_media(self, inputs):
-        return self._noisy(self.engine.forward_media(inputs))
-
-    @property
-    def reads_media(self) -> bool:
-        return bool(getattr(self.engine, "reads_media", False))
-
-    def _noisy(self, output):
-        noise = self.rng.normal(0.0, self.scale, size=output.shape).astype(output.dtype)
-        return output * np.exp(noise) if self.probabilities else output + noise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,8 +17,6 @@ def run(args: argparse.Namespace) -> int:
     common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
     reference = runtime.load(args.model, profile=args.against, **common)
     candidate = runtime.load(args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, **common)
-    if args.perturb:
-        candidate.engine = PerturbedEngine(candidate.engine, args.perturb, candidate.family.output_name == "probabilities")
     if args.suite == "builtin":
         # Models with a vision tower also get media requests, when the candidate's engine can read them.
         media = reference.family.reads_media and candidate.reads_media
@@ -100,6 +70,5 @@ def register(sub) -> None:
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")
     parser.add_argument("--base-path")
-    parser.add_argument("--perturb", type=float, default=0.0, help="test-only: add noise of this scale to the candidate's readout")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(func=run)

@@ -72,6 +72,8 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         media_url_timeout_s=args.media_url_timeout,
         cache_dir=args.cache_dir,
         offline=args.offline,
+        load_attempts=args.load_attempts,
+        load_retry_seconds=args.load_retry_seconds,
         log_level=args.log_level,
     )
 
@@ -127,6 +129,12 @@ def register(sub) -> None:
         "--served-model-name", action="append",
         help="the name requests use for the model; repeat to add aliases (the System One alias jev-latest always names the first model)",
     )  # fmt: skip
+    parser.add_argument(
+        "--load-attempts", type=int, default=5,
+        help="tries per model when loading fails for a transient reason (download, device busy, out of memory while placing); "
+        "a verification failure is never retried",
+    )  # fmt: skip
+    parser.add_argument("--load-retry-seconds", type=float, default=5.0, help="first wait between load tries, doubling up to 300 s")
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")
     parser.add_argument("--base-path", help="local copy of an adapter package's base checkpoint")

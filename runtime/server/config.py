@@ -42,6 +42,9 @@ class ModelSpec:
         return parse_model_ref(self.model)[0] if not path.exists() else path.name
 
 
+MAX_LOAD_RETRY_SECONDS = 300.0
+
+
 @dataclass
 class ServeConfig:
     models: list[ModelSpec]
@@ -64,6 +67,8 @@ class ServeConfig:
     media_url_timeout_s: float = 10.0
     cache_dir: str | None = None
     offline: bool = False
+    load_attempts: int = 5  # tries per model when a load fails for a transient reason (never for verification)
+    load_retry_seconds: float = 5.0  # the first wait between tries; doubling up to MAX_LOAD_RETRY_SECONDS
     log_level: str = "info"
     timeout: int = 120
     graceful_timeout: int = 60

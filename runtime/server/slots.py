@@ -1,8 +1,10 @@
-"""A served model: loading -> ready | failed, in a background thread so /health answers while it loads."""
+"""A served model: loading -> warming -> ready | failed, in a background thread so /health answers while it
+loads; transient load failures are retried with back-off (`--load-attempts`, `--load-retry-seconds`)."""
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from runtime.server import metrics
@@ -25,44 +27,71 @@ class ModelSlot:
         self.scheduler: Scheduler | None = None
         self.profiles = [self.profile]
         self.aliases: list[str] = []  # other names requests may use (the server sets them)
+        self.attempts = 0  # load tries so far
         metrics.READY.labels(model=name).set(0)
 
     def load(self) -> None:
+        """Load and warm the model, retrying transient failures with back-off; the last failure is final."""
+        from runtime.errors import is_transient
+        from runtime.server.config import MAX_LOAD_RETRY_SECONDS
+
+        attempts, wait = max(1, self.config.load_attempts), self.config.load_retry_seconds
+        for attempt in range(1, attempts + 1):
+            self.attempts = attempt
+            try:
+                model = self._load_once()
+            except Exception as exc:  # a failed model degrades /health, the others keep serving
+                reason = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+                if attempt < attempts and is_transient(exc):
+                    self.state, self.reason = "loading", f"try {attempt} of {attempts} failed ({reason}); retrying in {wait:g} s"
+                    metrics.LOAD_RETRIES.labels(model=self.name).inc()
+                    log.warning("model %s: %s", self.name, self.reason)
+                    time.sleep(wait)
+                    wait = min(wait * 2, MAX_LOAD_RETRY_SECONDS)
+                    continue
+                tried = f" after {attempt} tries" if attempt > 1 else ""
+                self.state, self.reason = "failed", f"{reason}{tried}"
+                log.error("model %s failed to load: %s", self.name, self.reason)
+                return
+            self._serve(model)
+            return
+
+    def _load_once(self):
         import runtime
 
-        try:
-            model = runtime.load(
-                self.spec.model,
-                device=self.spec.device or self.config.device,
-                profile=self.profile,
-                revision=self.spec.revision,
-                artifact=self.spec.artifact,
-                cache_dir=self.config.cache_dir,
-                offline=self.config.offline or None,
-                base_path=self.spec.base_path,
-                shared_min_tokens=self.config.shared_min_tokens,
+        self.state = "loading"
+        model = runtime.load(
+            self.spec.model,
+            device=self.spec.device or self.config.device,
+            profile=self.profile,
+            revision=self.spec.revision,
+            artifact=self.spec.artifact,
+            cache_dir=self.config.cache_dir,
+            offline=self.config.offline or None,
+            base_path=self.spec.base_path,
+            shared_min_tokens=self.config.shared_min_tokens,
+        )
+        if self.profile == "shared_context" and not model.family.shared_context_exact and not self.config.allow_approximate_shared_context:
+            raise ValueError(
+                f"profile shared_context is approximate for {self.name}: its full-attention layers read the prompt both ways, "
+                "and running the prefix once drops the prefix-to-question direction (answers differ from exact; see "
+                "`vllm-sr-runtime parity --profile shared_context`); serve it with --allow-approximate-shared-context, "
+                "or use exact, batching or max_speed"
             )
-            if self.profile == "shared_context" and not model.family.shared_context_exact and not self.config.allow_approximate_shared_context:
-                raise ValueError(
-                    f"profile shared_context is approximate for {self.name}: its full-attention layers read the prompt both ways, "
-                    "and running the prefix once drops the prefix-to-question direction (answers differ from exact; see "
-                    "`vllm-sr-runtime parity --profile shared_context`); serve it with --allow-approximate-shared-context, "
-                    "or use exact, batching or max_speed"
-                )
-            if hasattr(model.family, "url_policy"):
-                from runtime.families.decision3.media_urls import UrlPolicy
+        if hasattr(model.family, "url_policy"):
+            from runtime.families.decision3.media_urls import UrlPolicy
 
-                model.family.url_policy = UrlPolicy(
-                    tuple(self.config.media_url_allow), self.config.media_url_allow_private, self.config.media_url_timeout_s
-                )
-            self.state = "warming"
-            first, second = model.ask("warm-up", WARMUP_QUESTIONS), model.ask("warm-up", WARMUP_QUESTIONS)
-            if first != second or "error" in first["warmup"]:
-                raise RuntimeError(f"warm-up answers are not deterministic and well-formed: {first} vs {second}")
-        except Exception as exc:  # a failed model degrades /health, the others keep serving
-            self.state, self.reason = "failed", f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
-            log.error("model %s failed to load: %s", self.name, self.reason)
-            return
+            model.family.url_policy = UrlPolicy(
+                tuple(self.config.media_url_allow), self.config.media_url_allow_private, self.config.media_url_timeout_s
+            )
+        self.state = "warming"
+        first, second = model.ask("warm-up", WARMUP_QUESTIONS), model.ask("warm-up", WARMUP_QUESTIONS)
+        if first != second or "error" in first["warmup"]:
+            raise RuntimeError(f"warm-up answers are not deterministic and well-formed: {first} vs {second}")
+        return model
+
+    def _serve(self, model) -> None:
+        self.reason = None
         labels = {"model": self.name, "profile": self.profile}
         from runtime.profiles import served_profiles
 
@@ -102,6 +131,8 @@ class ModelSlot:
         status = {"status": self.state}
         if self.reason:
             status["reason"] = self.reason
+        if self.attempts > 1:
+            status["load_attempts"] = self.attempts
         return status
 
     def card(self) -> dict:

@@ -27,6 +27,8 @@ DEFAULT_BATCH_TOKENS = 65_536  # padded tokens per cross-request pass
 class Response:
     answers: dict[str, dict]
     input_tokens: int
+    cache_hits: int = 0  # questions answered from the result cache
+    cache_misses: int = 0  # questions computed while the cache was on
 
 
 class DecisionModel:
@@ -38,6 +40,7 @@ class DecisionModel:
         self.dtype = dtype
         self.shared_min_tokens = shared_min_tokens  # shared_context: (questions - 1) x prefix tokens it must save
         self.shared_questions = 0  # questions answered through a shared pass (parity and metrics report it)
+        self.result_cache = None  # a ResultCache (the server sets one per loaded model; None: every row is computed)
 
     @property
     def reads_media(self) -> bool:
@@ -65,45 +68,75 @@ class DecisionModel:
                 "cannot read images or videos; re-export the artifact with this version (it adds vision.onnx), or send media to profile exact"
             )
         plan = self.family.plan(state, questions, images=images, videos=videos)
-        if (profile or self.profile) == "shared_context":
+        plan.profile = profile or self.profile
+        if plan.profile == "shared_context":
             plan = self.family.share(plan, self.shared_min_tokens)
+            plan.profile = "shared_context"
         return plan
 
     def execute(self, plan: Plan, on_batch=None) -> Response:
         """Run the plan's passes on the engine (the device owner's thread) and assemble the answers."""
-        produced: dict[str, dict] = dict(plan.errors)
-        for item, answer in self._run_passes(plan.batches, on_batch):
-            produced[item.question.id] = answer
-        answers = {question.id: produced[question.id] for question in plan.questions}
-        return Response(answers=answers, input_tokens=plan.input_tokens)
+        return self.execute_many([plan], on_batch=on_batch, merge=False)[0]
 
-    def _run_passes(self, batches, on_batch):
-        for batch in batches:
-            if batch.media:
-                outputs = self.engine.forward_media(batch.inputs)
-            elif batch.shared:
-                outputs = self.engine.forward_shared(batch.inputs)
-                self.shared_questions += len(batch.items)
-            else:
-                outputs = self.engine.forward(batch.inputs)
-            if on_batch is not None:
-                on_batch(batch)
-            for item, row in zip(batch.items, outputs):
-                yield item, self._answer(item, row)
-
-    def execute_many(self, plans: list[Plan], budget_tokens: int = DEFAULT_BATCH_TOKENS, on_batch=None) -> list[Response]:
-        """Rows of several requests share passes (profile `batching`): sorted by length, packed under a
-        padded-token budget; each request gets its own answers back."""
+    def execute_many(self, plans: list[Plan], budget_tokens: int = DEFAULT_BATCH_TOKENS, on_batch=None, merge: bool = True) -> list[Response]:
+        """Each plan's passes; with `merge` (profile `batching`) the rows of several requests share passes,
+        sorted by length and packed under a padded-token budget. Each request gets its own answers back."""
         owners = {id(item): index for index, plan in enumerate(plans) for batch in plan.batches for item in batch.items}
-        items = [item for plan in plans for batch in plan.batches if not batch.media for item in batch.items]
-        own = [batch for plan in plans for batch in plan.batches if batch.media]  # media rows never mix requests
+        if merge:
+            items = [item for plan in plans for batch in plan.batches if not batch.media for item in batch.items]
+            own = [batch for plan in plans for batch in plan.batches if batch.media]  # media rows never mix requests
+            batches = own + (self.family.pack(items, budget_tokens) if items else [])
+        else:
+            batches = [batch for plan in plans for batch in plan.batches]
         produced = [dict(plan.errors) for plan in plans]
-        for item, answer in self._run_passes(own + (self.family.pack(items, budget_tokens) if items else []), on_batch):
-            produced[owners[id(item)]][item.question.id] = answer
+        hits, misses = [0] * len(plans), [0] * len(plans)
+        profile = (plans[0].profile if plans else None) or self.profile
+        for item, answer, cached in self._run_passes(batches, on_batch, profile):
+            owner = owners[id(item)]
+            produced[owner][item.question.id] = answer
+            if cached is not None:
+                (hits if cached else misses)[owner] += 1
         return [
-            Response(answers={q.id: produced[index][q.id] for q in plan.questions}, input_tokens=plan.input_tokens)
+            Response(
+                answers={q.id: produced[index][q.id] for q in plan.questions}, input_tokens=plan.input_tokens,
+                cache_hits=hits[index], cache_misses=misses[index],
+            )  # fmt: skip
             for index, plan in enumerate(plans)
         ]
+
+    def _run_passes(self, batches, on_batch, profile: str):
+        """(item, answer, from the cache: True | False | None when no cache applies) for every row. With a
+        result cache, a pass whose rows are all cached is not run; a pass with any new row runs whole, so every
+        computed answer comes from the pass it would have had anyway."""
+        cache = self.result_cache
+        for batch in batches:
+            keys = None
+            if cache is not None and not batch.media:
+                keys = [cache.key(self, profile, item) for item in batch.items]
+                cached = [cache.get(key) for key in keys]
+                if all(answer is not None for answer in cached):
+                    cache.record(hits=len(cached))
+                    for item, answer in zip(batch.items, cached):
+                        yield item, answer, True
+                    continue
+                cache.record(misses=len(keys))
+            for index, (item, answer) in enumerate(self._run_pass(batch, on_batch)):
+                if keys is not None:
+                    cache.put(keys[index], answer)
+                yield item, answer, (False if keys is not None else None)
+
+    def _run_pass(self, batch, on_batch):
+        if batch.media:
+            outputs = self.engine.forward_media(batch.inputs)
+        elif batch.shared:
+            outputs = self.engine.forward_shared(batch.inputs)
+            self.shared_questions += len(batch.items)
+        else:
+            outputs = self.engine.forward(batch.inputs)
+        if on_batch is not None:
+            on_batch(batch)
+        for item, row in zip(batch.items, outputs):
+            yield item, self._answer(item, row)
 
     def ask_many(self, requests: list[tuple], budget_tokens: int = DEFAULT_BATCH_TOKENS) -> list[dict[str, dict]]:
         """Several (state, questions[, images, videos]) requests answered together, as concurrent requests are

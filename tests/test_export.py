@@ -232,12 +232,12 @@ def test_interrupted_export_leaves_no_artifact(packages, tmp_path, sig):
 def test_failed_export_keeps_what_was_there(packages, artifacts, tmp_path, monkeypatch):
     import shutil
 
-    from export import exporter
+    from export import smoke
 
     out = tmp_path / "kept"
     shutil.copytree(artifacts[("d3", "contrib")], out)
     before = (out / "artifact.json").read_bytes()
-    monkeypatch.setattr(exporter, "SMOKE_TOLERANCE", {"fp32": -1.0})  # any difference fails the smoke parity
+    monkeypatch.setattr(smoke, "SMOKE_TOLERANCE", {"fp32": -1.0})  # any difference fails the smoke parity
     with pytest.raises(ArtifactError, match="smoke parity"):
         export_package(packages["d3"], out, progress=False)
     assert (out / "artifact.json").read_bytes() == before

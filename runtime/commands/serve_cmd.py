@@ -72,6 +72,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         media_url_timeout_s=args.media_url_timeout,
         cache_dir=args.cache_dir,
         offline=args.offline,
+        result_cache_entries=args.result_cache_entries,
         load_attempts=args.load_attempts,
         load_retry_seconds=args.load_retry_seconds,
         log_level=args.log_level,
@@ -128,6 +129,10 @@ def register(sub) -> None:
     parser.add_argument(
         "--served-model-name", action="append",
         help="the name requests use for the model; repeat to add aliases (the System One alias jev-latest always names the first model)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--result-cache-entries", type=int, default=16_384,
+        help="answers of question rows kept per model and worker (LRU, keyed by everything an answer depends on); 0 turns it off",
     )  # fmt: skip
     parser.add_argument(
         "--load-attempts", type=int, default=5,

@@ -31,6 +31,7 @@ class Plan:
     questions: list[Question]
     errors: dict[str, dict] = field(default_factory=dict)
     batches: list[Batch] = field(default_factory=list)
+    profile: str | None = None  # the profile the request runs under (set by the model that plans it)
 
     @property
     def input_tokens(self) -> int:

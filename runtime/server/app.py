@@ -132,6 +132,7 @@ class Server:
         parsed = time.perf_counter()
         deadline = time.monotonic() + options["deadline_ms"] / 1000
         queue_s = forward_s = 0.0
+        cache_hits = 0
         if plan.batches:
             job = slot.scheduler.submit(plan, deadline, mergeable=options["profile"] == "batching")
             finished = job.done.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -140,6 +141,7 @@ class Server:
                 raise job.error
             if finished and job.response is not None:
                 answers, tokens = job.response.answers, job.response.input_tokens
+                cache_hits = job.response.cache_hits
             else:
                 answers = {q.id: plan.errors.get(q.id) or error_answer(q.type, "deadline_exceeded", f"not answered within {options['deadline_ms']} ms") for q in plan.questions}
                 tokens = 0
@@ -159,6 +161,7 @@ class Server:
                 "revision": card.get("revision"), "model_sha256": card["model_sha256"], "profile": options["profile"],
                 "numerics": card["dtype"], "engine": card["engine"], "device": card["device"],
                 "queue_ms": round(queue_s * 1000, 3), "compute_ms": round(forward_s * 1000, 3),
+                "cached_questions": cache_hits,
             }  # fmt: skip
         serialize_start = time.perf_counter()
         data = orjson.dumps(payload)

@@ -22,6 +22,7 @@ BATCH_TOKENS = Histogram(f"{PREFIX}_batch_tokens", "Padded tokens per forward pa
 SHARED_PASSES = Counter(f"{PREFIX}_shared_passes", "shared_context passes (one prefix, many question rows)", ["model"])
 SHARED_PREFIX_TOKENS = Counter(f"{PREFIX}_shared_prefix_tokens", "Prefix tokens run once instead of once per question", ["model"])
 QUEUE_DEPTH = Gauge(f"{PREFIX}_queue_depth", "Jobs waiting per model", ["model"], multiprocess_mode="livesum")
+RESULT_CACHE = Counter(f"{PREFIX}_result_cache_questions", "Question rows looked up in the result cache", ["model", "outcome"])
 LOAD_RETRIES = Counter(f"{PREFIX}_load_retries", "Model loads tried again after a transient failure", ["model"])
 READY = Gauge(f"{PREFIX}_ready", "1 when the model is ready in every live worker", ["model"], multiprocess_mode="livemin")
 MODEL_INFO = Gauge(

@@ -92,6 +92,14 @@ class ModelSlot:
 
     def _serve(self, model) -> None:
         self.reason = None
+        if self.config.result_cache_entries > 0:  # a new cache per load: nothing survives a reload
+            from runtime.result_cache import ResultCache
+
+            def count(hits: int, misses: int) -> None:
+                metrics.RESULT_CACHE.labels(model=self.name, outcome="hit").inc(hits)
+                metrics.RESULT_CACHE.labels(model=self.name, outcome="miss").inc(misses)
+
+            model.result_cache = ResultCache(self.config.result_cache_entries, on_record=count)
         labels = {"model": self.name, "profile": self.profile}
         from runtime.profiles import served_profiles
 

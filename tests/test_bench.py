@@ -24,19 +24,22 @@ def test_bench_forward(packages, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((out / "bench.json").read_text())
     assert report["mode"] == "forward" and report["gemm_limit_gflops"] > 0 and report["machine"]["cpus_in_affinity"] >= 1
+    limits = report["gemm_limits"]  # both ceilings of the machine, same shape and threads
+    assert set(limits) == {"fp32", "int8"} and limits["fp32"] == report["gemm_limit_gflops"] and limits["int8"] > 0
     rows = report["rows"]
     assert len(rows) == 2 * 2 * 2  # profiles x lengths x question counts
     for row in rows:
         assert ROW_FIELDS <= set(row)
         assert row["median_ms"] > 0 and row["p90_ms"] >= row["min_ms"] and row["concurrency"] == 1
         assert abs(row["gflops"] - row["gflop"] / (row["median_ms"] / 1000)) < 1e-6 * max(1.0, row["gflops"])
-        assert abs(row["fraction_of_limit"] - row["gflops"] / report["gemm_limit_gflops"]) < 1e-9
+        assert row["ceiling"] == "fp32"  # exact and the fp32 artifact: the fp32 ceiling
+        assert abs(row["fraction_of_limit"] - row["gflops"] / limits[row["ceiling"]]) < 1e-9
     for row in rows:
         exact = next(r for r in rows if r["profile"] == "exact" and r["target_length"] == row["target_length"] and r["questions"] == row["questions"])
         assert abs(row["ratio_to_exact"] - exact["median_ms"] / row["median_ms"]) < 1e-9
         assert row["length"] <= row["target_length"] or row["length"] == min(r["length"] for r in rows)
     assert (out / "latency_vs_length.png").stat().st_size > 1000
-    assert "GEMM limit" in result.stdout
+    assert "GEMM limit" in result.stdout and "int8 GEMM limit" in result.stdout
     ops = report["ort_profile"]["max_speed"]["ops"]  # where the graph's time goes, by op type
     assert {"MatMul", "LinearAttention", "Conv"} <= {row["op"] for row in ops}
     assert abs(sum(row["share"] for row in ops) - 1.0) < 1e-6 and all(row["ms_per_run"] >= 0 for row in ops)
@@ -81,3 +84,9 @@ def test_bench_export_reports_each_phase_and_the_whole_run(packages, tmp_path):
         assert rows["total"]["seconds"] >= rows["trace"]["seconds"] > 0 and rows["total"]["artifact_mb"] > 0
         assert rows["total"]["smoke"] is False  # bench measures the export itself unless asked
     assert "peak RSS MiB" in result.stdout
+
+
+def test_each_dtype_is_judged_against_its_own_ceiling():
+    from runtime.bench.flops import ceiling_for
+
+    assert [ceiling_for(dtype) for dtype in ("fp32", "fp16", "bf16", "int8")] == ["fp32", "fp32", "fp32", "int8"]

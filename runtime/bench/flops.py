@@ -1,4 +1,4 @@
-"""FLOP counts of a forward pass, and this machine's GEMM limit measured with ONNX Runtime's MatMul."""
+"""FLOP counts of a forward pass, and this machine's GEMM ceilings (fp32 and dynamic int8) measured with ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -29,12 +29,24 @@ def forward_flops(config, rows: int, tokens: int) -> float:
     return rows * (2 * per_token * tokens + attention)
 
 
-def gemm_limit(m: int = 512, k: int = 1024, n: int = 3584, repeats: int = 20) -> float:
-    """GFLOP/s of one fp32 MatMul in ONNX Runtime with this process's threads (the machine's practical ceiling)."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
+GEMM_SHAPE = (512, 1024, 3584)  # rows x hidden x FFN width: a 512-token prompt through a 0.8B-class MLP
 
-    from runtime.engines.onnxruntime import session_options
+
+def ceiling_for(dtype: str) -> str:
+    """Which measured ceiling a row of this artifact dtype is judged against (dynamic int8 MatMuls for int8;
+    fp32 MatMul otherwise: eager exact, fp32 and the CPU's fp16 graphs)."""
+    return "int8" if dtype == "int8" else "fp32"
+
+
+def gemm_limits(m: int = GEMM_SHAPE[0], k: int = GEMM_SHAPE[1], n: int = GEMM_SHAPE[2], repeats: int = 20) -> dict[str, float]:
+    """The machine's practical ceilings, same shape and threads: fp32 MatMul (GFLOP/s) and dynamic int8 MatMul
+    (GOP/s: activation quantized per tensor at run time, int8 weights per output channel, as the int8 artifacts)."""
+    return {"fp32": gemm_limit(m, k, n, repeats), "int8": int8_gemm_limit(m, k, n, repeats)}
+
+
+def gemm_limit(m: int = GEMM_SHAPE[0], k: int = GEMM_SHAPE[1], n: int = GEMM_SHAPE[2], repeats: int = 20) -> float:
+    """GFLOP/s of one fp32 MatMul in ONNX Runtime with this process's threads (the machine's practical ceiling)."""
+    from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((k, n), dtype=np.float32), "w")
     graph = helper.make_graph(
@@ -42,6 +54,40 @@ def gemm_limit(m: int = 512, k: int = 1024, n: int = 3584, repeats: int = 20) ->
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
         initializer=[weight],
     )  # fmt: skip
+    return 2 * m * k * n / _median_seconds(graph, m, k, repeats) / 1e9
+
+
+def int8_gemm_limit(m: int = GEMM_SHAPE[0], k: int = GEMM_SHAPE[1], n: int = GEMM_SHAPE[2], repeats: int = 20) -> float:
+    """GOP/s of the dynamic int8 MatMul pattern the int8 artifacts use (ORT fuses it into one kernel)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((k, n), dtype=np.float32)
+    scale = np.abs(weight).max(axis=0) / 127.0
+    quantized = np.clip(np.round(weight / scale), -127, 127).astype(np.int8)
+    initializers = [
+        numpy_helper.from_array(quantized, "w"), numpy_helper.from_array(np.zeros(n, dtype=np.int8), "w_zero"),
+        numpy_helper.from_array(scale.astype(np.float32), "w_scale"),
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zero"]),
+        helper.make_node("MatMulInteger", ["xq", "w", "x_zero", "w_zero"], ["acc"]),
+        helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x_scale", "w_scale"], ["scales"]),
+        helper.make_node("Mul", ["accf", "scales"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "gemm_int8", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], initializer=initializers,
+    )  # fmt: skip
+    return 2 * m * k * n / _median_seconds(graph, m, k, repeats) / 1e9
+
+
+def _median_seconds(graph, m: int, k: int, repeats: int) -> float:
+    import onnxruntime as ort
+    from onnx import helper
+
+    from runtime.engines.onnxruntime import session_options
+
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     session = ort.InferenceSession(model.SerializeToString(), sess_options=session_options("cpu"), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)
@@ -52,4 +98,4 @@ def gemm_limit(m: int = 512, k: int = 1024, n: int = 3584, repeats: int = 20) ->
         start = time.perf_counter()
         session.run(None, {"x": x})
         times.append(time.perf_counter() - start)
-    return 2 * m * k * n / float(np.median(times)) / 1e9
+    return float(np.median(times))

@@ -41,10 +41,15 @@ def request_of_length(model: Any, length: int, questions: int, images: Any = Non
 
 
 def run_forward(
-    models: dict[str, Any], lengths: list[int], questions: list[int], repeats: int, limit_gflops: float, progress, media: str = "none"
+    models: dict[str, Any], lengths: list[int], questions: list[int], repeats: int, limits: dict[str, float] | float, progress, media: str = "none"
 ) -> list[dict]:
     """With `media`, every request also carries a synthetic image and/or video; its rows' FLOPs count the
-    text tower only (the vision tower's work is on top)."""
+    text tower only (the vision tower's work is on top). Each row's fraction is of the ceiling its dtype
+    runs against (`limits`: {"fp32": GFLOP/s, "int8": GOP/s}; one number: fp32 for every row)."""
+    from runtime.bench.flops import ceiling_for
+
+    if not isinstance(limits, dict):
+        limits = {"fp32": float(limits)}
     from runtime.bench.media import synthetic_media
 
     images, videos = synthetic_media(media)
@@ -69,6 +74,8 @@ def run_forward(
             exact_median = float(np.median(samples["exact"])) if "exact" in samples else None
             for name, values in samples.items():
                 median = float(np.median(values))
+                ceiling = ceiling_for(getattr(models[name], "dtype", "fp32") or "fp32")
+                ceiling = ceiling if ceiling in limits else "fp32"
                 rows.append(
                     {
                         "profile": name, "media": media, "length": tokens, "target_length": length, "questions": count, "concurrency": 1,
@@ -76,7 +83,7 @@ def run_forward(
                         "min_ms": min(values) * 1000, "max_ms": max(values) * 1000, "per_question_ms": median * 1000 / count,
                         "rps": 1.0 / median, "ratio_to_exact": (exact_median / median) if exact_median else None,
                         "padded_tokens": padded, "gflop": flops / 1e9, "gflops": flops / median / 1e9,
-                        "fraction_of_limit": flops / median / 1e9 / limit_gflops, "runs": len(values),
+                        "ceiling": ceiling, "fraction_of_limit": flops / median / 1e9 / limits[ceiling], "runs": len(values),
                     }
                 )  # fmt: skip
     return rows

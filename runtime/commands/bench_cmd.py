@@ -31,7 +31,7 @@ def machine() -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    columns = ["profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "fraction_of_limit"]
+    columns = ["profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "ceiling", "fraction_of_limit"]
     print("  ".join(f"{c:>14}" for c in columns))
     for row in rows:
         cells = []
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     result: dict = {"mode": args.mode, "machine": machine()}
     if args.mode == "forward":
         import runtime
-        from runtime.bench.flops import gemm_limit
+        from runtime.bench.flops import gemm_limits
         from runtime.bench.forward import run_forward
 
         profiles = [p for p in args.profiles.split(",") if p]
@@ -116,12 +116,13 @@ def run(args: argparse.Namespace) -> int:
                 if label in models:
                     raise ValueError(f"two {profile} artifacts with dtype {model.dtype}: give one per dtype")
                 models[label] = model
-        limit = gemm_limit()
-        result["gemm_limit_gflops"] = limit
+        limits = gemm_limits()
+        result["gemm_limit_gflops"] = limits["fp32"]
+        result["gemm_limits"] = limits  # fp32 GFLOP/s and dynamic int8 GOP/s, same shape and threads
         result["model"] = {"name": next(iter(models.values())).name, "family": next(iter(models.values())).family.name}
         lengths, questions = _ints(args.lengths), _ints(args.questions)
         bar = tqdm(total=len(lengths) * len(questions) * args.repeats, desc="bench forward", disable=args.quiet)
-        result["rows"] = run_forward(models, lengths, questions, args.repeats, limit, bar.update, media=args.media)
+        result["rows"] = run_forward(models, lengths, questions, args.repeats, limits, bar.update, media=args.media)
         bar.close()
         if args.ort_profile:
             result["ort_profile"] = profile_graphs(models, max(lengths))
@@ -153,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     print_table(result["rows"])
     if result.get("gemm_limit_gflops"):
         print(f"GEMM limit (ORT fp32 MatMul 512x1024x3584, {result['machine']['cpus_in_affinity']} threads): {result['gemm_limit_gflops']:.1f} GFLOP/s")
+        if result.get("gemm_limits", {}).get("int8"):
+            print(f"int8 GEMM limit (ORT dynamic int8 MatMul, same shape and threads): {result['gemm_limits']['int8']:.1f} GOP/s; rows of int8 artifacts are fractions of it")
     if args.plot:
         for name in plot(result["rows"], out):
             print(out / name)

@@ -18,7 +18,7 @@ from export.disk_space import check_disk_space
 from export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
 from export.graph_passes import op_counts
 from export.phases import PhaseClock
-from export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, plan_smoke, smoke_parity
+from export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, plan_smoke, smoke_parity
 from export.static_graphs import check_cuda_kernels, static_sequence_lengths, write_static_graphs
 from export.streaming import StreamedModule, trace
 from runtime.engines.onnxruntime import DEVICE_DTYPES
@@ -144,11 +144,12 @@ def export_family(
             bar.update()
             phase("smoke")
             smoke_plan = plan_smoke(smoke, family, temp / DATA_FILE, dtype)
-            parity, eager = None, None
+            parity, eager, golden = None, None, None
             if smoke_plan["ran"]:
                 eager = build_export_module(family, "fp32")  # the reference (exact's CPU numerics), beside one session
                 parity = smoke_parity(family, eager, engine)
                 check_smoke(parity, dtype)
+                golden = golden_answers(family, eager)
             bar.update()
             context = ExportContext(
                 family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager
@@ -159,6 +160,7 @@ def export_family(
             phase("finalize")
             manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, parity, shared, media)
             manifest["buckets"] = buckets
+            manifest["golden"] = golden  # None when the smoke parity did not run (no eager model to answer)
             manifest["cuda_kernels"] = cuda_check
             manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
             manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed, "weights": "streamed from the package"}

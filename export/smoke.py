@@ -57,14 +57,11 @@ def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: 
     of rows, a JSON state) and one single-row request (a text state): max |dp| and decisions changed. Under
     shared_context both sides share the multi-question request's prefix; with `media` (prepared
     images/videos) every request reads them."""
-    from runtime.engines.torch import TorchEngine
-    from runtime.model import DecisionModel
     from runtime.devices import parse_device
+    from runtime.model import DecisionModel
 
-    cpu = parse_device("cpu")
-    eager_engine = TorchEngine(module, cpu.torch_device, family.input_names, family.shared_input_names)
-    eager = DecisionModel(family, eager_engine, profile, cpu, "", shared_min_tokens=0)
-    graph = DecisionModel(family, engine, profile, cpu, "", shared_min_tokens=0)
+    eager = eager_model(family, module, profile)
+    graph = DecisionModel(family, engine, profile, parse_device("cpu"), "", shared_min_tokens=0)
     worst, changed, count = 0.0, 0, 0
     for state, questions in (({"user": "hi", "history": [1, 2, 3]}, SMOKE_QUESTIONS), (SMOKE_STATE, {"reasoning": SMOKE_QUESTIONS["reasoning"]})):
         if media is None:
@@ -77,3 +74,21 @@ def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: 
             worst = max(worst, float(np.max(np.abs(np.array(a) - np.array(b)))))
             changed += int(np.argmax(a) != np.argmax(b))
     return {"questions": count, "max_abs_diff": worst, "decisions_changed": changed}
+
+
+def eager_model(family: Family, module: torch.nn.Module, profile: str = "exact"):
+    """The eager FP32 module as a model that answers requests on CPU (the smoke parity's and golden answers' reference)."""
+    from runtime.devices import parse_device
+    from runtime.engines.torch import TorchEngine
+    from runtime.model import DecisionModel
+
+    cpu = parse_device("cpu")
+    engine = TorchEngine(module, cpu.torch_device, family.input_names, family.shared_input_names)
+    return DecisionModel(family, engine, profile, cpu, "", shared_min_tokens=0)
+
+
+def golden_answers(family: Family, module: torch.nn.Module) -> dict:
+    """The golden suite's exact answers, recorded in artifact.json and replayed while a server warms the artifact."""
+    from runtime.golden import record_golden
+
+    return record_golden(eager_model(family, module).ask)

@@ -33,6 +33,7 @@ def cmd_fixture(args: argparse.Namespace) -> int:
         vision=args.vision,
         max_length=args.max_length,
         layers=args.layers,
+        golden=not args.no_golden,
     )
     for path in written:
         print(path)
@@ -82,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--adapter", action="store_true", help="decision2: base checkpoint + LoRA adapter (Vega layout)")
     fixture.add_argument("--size", default="tiny", help="tiny, or real dimensions: lite, nano (decision3); eos, sol, kai (decision2)")
     fixture.add_argument("--seed", type=int, default=0)
+    fixture.add_argument(
+        "--no-golden", action="store_true",
+        help="do not record the package's exact answers to the golden suite (golden_answers.json, replayed while serve warms it)",
+    )  # fmt: skip
     fixture.add_argument("--calibrated", action="store_true", help="decision2: add score offsets and per-type temperatures")
     fixture.add_argument("--readout-scale", type=float, default=1.0, help="scale the readout so answers are confident (e.g. 8)")
     fixture.add_argument("--attention-mode", default="noncausal_full_attention", choices=["causal", "noncausal_full_attention"])

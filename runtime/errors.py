@@ -72,6 +72,14 @@ class ArtifactError(RuntimeServiceError):
     code = "not_ready"
 
 
+class VerificationError(RuntimeServiceError):
+    """A model answered the golden suite unlike its recorded answers, or its golden answers do not belong to it.
+    Never retried: the same weights on the same device answer the same way."""
+
+    status = 503
+    code = "not_ready"
+
+
 class QuestionError(Exception):
     """One question cannot be answered; reported in place, siblings still answered."""
 

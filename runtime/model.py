@@ -41,6 +41,7 @@ class DecisionModel:
         self.shared_min_tokens = shared_min_tokens  # shared_context: (questions - 1) x prefix tokens it must save
         self.shared_questions = 0  # questions answered through a shared pass (parity and metrics report it)
         self.result_cache = None  # a ResultCache (the server sets one per loaded model; None: every row is computed)
+        self.golden: dict = {"status": "unchecked"}  # what replaying the golden answers found (runtime.golden.verify_golden)
 
     @property
     def reads_media(self) -> bool:
@@ -168,6 +169,7 @@ class DecisionModel:
             "engine": self.engine.name,
             "device": self.device.name,
             "dtype": self.dtype,
+            "golden": self.golden["status"],
         }
         card.update(self.family.card())
         return card

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from runtime.server.config import DEFAULT_DEADLINE_MS, DEFAULT_MAX_REQUEST_BYTES, ModelSpec, ServeConfig, check_names, load_models_file
+from runtime.server.config import ModelSpec, ServeConfig, check_names, load_models_file
 
 DEFAULT_FIXTURE = "synthetic-d3-tiny"
 
@@ -26,8 +26,8 @@ def default_model(cache_dir: str | None) -> str:
         print(f"no model given: writing a tiny synthetic Decision 3.0 package to {target}", flush=True)
         code = (
             "import sys; from pathlib import Path; from runtime.artifacts import atomic_directory; "
-            "from runtime.fixtures.decision3 import write_decision3\n"
-            "with atomic_directory(Path(sys.argv[1])) as temp: write_decision3(temp)"
+            "from runtime.fixtures.writer import write_fixture\n"
+            "with atomic_directory(Path(sys.argv[1])) as temp: write_fixture('decision3', temp, golden=True)"
         )
         subprocess.run([sys.executable, "-c", code, str(target)], check=True)
     return str(target)
@@ -62,6 +62,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         threads=args.threads,
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
+        max_bundle_tasks=args.max_bundle_tasks,
         default_deadline_ms=args.deadline_ms,
         batch_window_ms=args.batch_window_ms,
         max_batch_tokens=args.max_batch_tokens,
@@ -93,27 +94,31 @@ def register(sub) -> None:
     parser = sub.add_parser("serve", help="serve models over HTTP (Falcon under gunicorn, TCP or Unix socket)")
     parser.add_argument("model", nargs="*", help="MODEL[@REV] or package directory (none: a tiny synthetic Decision 3.0 package)")
     parser.add_argument("--models", help="YAML list of {model, revision, name, device, profile, artifact, base_path}")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | rocm[:N]")
+    parser.add_argument("--device", default=ServeConfig.device, help="auto | cpu | cuda[:N] | rocm[:N]")
     parser.add_argument(
-        "--profile", default="exact", choices=["exact", "shared_context", "batching", "max_speed"],
+        "--profile", default=ServeConfig.profile, choices=["exact", "shared_context", "batching", "max_speed"],
         help="exact: eager PyTorch, the reference; shared_context: a request's common prefix runs once (exact for causal "
         "models; APPROXIMATE for Decision 3.0's non-causal packages, which lose the prefix-to-question direction of "
         "attention: refused for them unless --allow-approximate-shared-context); batching: rows of concurrent requests "
         "merged; max_speed: ONNX Runtime artifact",
     )  # fmt: skip
     parser.add_argument("--artifact", help="exported artifact for max_speed (default: exported into the cache on first use)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--host", default=ServeConfig.host)
+    parser.add_argument("--port", type=int, default=ServeConfig.port)
     parser.add_argument("--uds", help="listen on this Unix socket (its directory must be 0700) instead of TCP")
-    parser.add_argument("--workers", type=int, default=1, help="gunicorn worker processes (each loads every model)")
-    parser.add_argument("--threads", type=int, default=8, help="request threads per worker")
-    parser.add_argument("--max-queue", type=int, default=256, help="queued requests per model and worker before 429")
-    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
-    parser.add_argument("--deadline-ms", type=int, default=DEFAULT_DEADLINE_MS, help="default request deadline")
-    parser.add_argument("--batch-window-ms", type=float, default=2.0, help="batching: wait this long for queued siblings to join")
-    parser.add_argument("--max-batch-tokens", type=int, default=65_536, help="batching: padded tokens per shared pass")
+    parser.add_argument("--workers", type=int, default=ServeConfig.workers, help="gunicorn worker processes (each loads every model)")
+    parser.add_argument("--threads", type=int, default=ServeConfig.threads, help="request threads per worker")
+    parser.add_argument("--max-queue", type=int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")
+    parser.add_argument("--max-request-bytes", type=int, default=ServeConfig.max_request_bytes)
     parser.add_argument(
-        "--shared-min-tokens", type=int, default=64,
+        "--max-bundle-tasks", type=int, default=ServeConfig.max_bundle_tasks,
+        help="POST /v1/bundle: model calls per bundle (each task body is held to --max-request-bytes)",
+    )  # fmt: skip
+    parser.add_argument("--deadline-ms", type=int, default=ServeConfig.default_deadline_ms, help="default request deadline")
+    parser.add_argument("--batch-window-ms", type=float, default=ServeConfig.batch_window_ms, help="batching: wait this long for queued siblings to join")
+    parser.add_argument("--max-batch-tokens", type=int, default=ServeConfig.max_batch_tokens, help="batching: padded tokens per shared pass")
+    parser.add_argument(
+        "--shared-min-tokens", type=int, default=ServeConfig.shared_min_tokens,
         help="shared_context: share a request's prefix only when (questions - 1) x prefix tokens reaches this",
     )  # fmt: skip
     parser.add_argument(
@@ -125,23 +130,23 @@ def register(sub) -> None:
         "(comma list; *.example.com for subdomains, * for any); default: only data URLs",
     )  # fmt: skip
     parser.add_argument("--media-url-allow-private", action="store_true", help="also fetch from loopback/private addresses")
-    parser.add_argument("--media-url-timeout", type=float, default=10.0, help="seconds per media URL fetch")
+    parser.add_argument("--media-url-timeout", type=float, default=ServeConfig.media_url_timeout_s, help="seconds per media URL fetch")
     parser.add_argument(
         "--served-model-name", action="append",
         help="the name requests use for the model; repeat to add aliases (the System One alias jev-latest always names the first model)",
     )  # fmt: skip
     parser.add_argument(
-        "--result-cache-entries", type=int, default=16_384,
+        "--result-cache-entries", type=int, default=ServeConfig.result_cache_entries,
         help="answers of question rows kept per model and worker (LRU, keyed by everything an answer depends on); 0 turns it off",
     )  # fmt: skip
     parser.add_argument(
-        "--load-attempts", type=int, default=5,
+        "--load-attempts", type=int, default=ServeConfig.load_attempts,
         help="tries per model when loading fails for a transient reason (download, device busy, out of memory while placing); "
         "a verification failure is never retried",
     )  # fmt: skip
-    parser.add_argument("--load-retry-seconds", type=float, default=5.0, help="first wait between load tries, doubling up to 300 s")
+    parser.add_argument("--load-retry-seconds", type=float, default=ServeConfig.load_retry_seconds, help="first wait between load tries, doubling up to 300 s")
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")
     parser.add_argument("--base-path", help="local copy of an adapter package's base checkpoint")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default=ServeConfig.log_level, choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run)

@@ -11,7 +11,8 @@ from runtime.errors import PackageError
 
 MANIFEST_NAME = "MODEL_MANIFEST.json"
 # Files a Hub checkout or cache adds that are not part of a package.
-IGNORED_NAMES = {".gitattributes"}
+GOLDEN_FILE = "golden_answers.json"  # bound to the package by its identity (model_sha256), not listed in its manifest
+IGNORED_NAMES = {".gitattributes", GOLDEN_FILE}
 IGNORED_DIRS = {".git", ".cache", ".huggingface"}
 
 

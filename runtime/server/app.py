@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -23,6 +24,8 @@ from runtime.server.slots import ModelSlot
 log = logging.getLogger("vllm_sr_runtime.server")
 BODY_FIELDS = {"model", "state", "questions", "options", "images", "videos"}
 OPTION_FIELDS = {"deadline_ms", "profile", "return_meta"}
+BUNDLE_SURFACES = ("decisions", "systemone")
+BUNDLE_BODY_FACTOR = 4  # a bundle's body may be this many times --max-request-bytes; each task's body is held to it alone
 
 
 def _json(resp: falcon.Response, status: int, body: Any) -> None:
@@ -43,8 +46,8 @@ class Server:
             slot.aliases = sorted(alias for alias, name in self.aliases.items() if name == slot.name)
 
     # -- request parsing -----------------------------------------------------------------------------
-    def read_body(self, req: falcon.Request) -> dict:
-        limit = self.config.max_request_bytes
+    def read_body(self, req: falcon.Request, limit: int | None = None) -> dict:
+        limit = limit or self.config.max_request_bytes
         if req.content_length is not None and req.content_length > limit:
             self.discard_body(req)
             raise RequestTooLarge(f"request body is {req.content_length} bytes, the limit is {limit}")
@@ -71,7 +74,7 @@ class Server:
             left -= len(chunk)
         req.context.close_connection = always_close or left <= 0
 
-    def validate(self, body: dict) -> tuple[ModelSlot, dict]:
+    def validate(self, body: dict, default_deadline_ms: int | None = None) -> tuple[ModelSlot, dict]:
         if "instructions" in body:
             raise InvalidRequest("top-level 'instructions' is not part of the contract: give each question its own instructions")
         unknown = sorted(set(body) - BODY_FIELDS)
@@ -87,7 +90,7 @@ class Server:
         bad = sorted(set(options) - OPTION_FIELDS)
         if bad:
             raise InvalidRequest(f"unknown option(s): {', '.join(bad)}")
-        deadline = options.get("deadline_ms", self.config.default_deadline_ms)
+        deadline = options.get("deadline_ms", default_deadline_ms or self.config.default_deadline_ms)
         if isinstance(deadline, bool) or not isinstance(deadline, int) or not 1 <= deadline <= MAX_DEADLINE_MS:
             raise InvalidRequest(f"options.deadline_ms must be an integer in 1..{MAX_DEADLINE_MS}")
         if "return_meta" in options and not isinstance(options["return_meta"], bool):
@@ -123,19 +126,39 @@ class Server:
     # -- the decision endpoints ---------------------------------------------------------------------
     def decide(self, req: falcon.Request, resp: falcon.Response, endpoint: str) -> None:
         started = time.perf_counter()
-        body = self.read_body(req)
-        slot, options = self.validate(body)
+        call = self.prepare(self.read_body(req), started)
+        job = self.submit(call)
+        payload, timing = self.finish(call, job)
+        serialize_start = time.perf_counter()
+        data = orjson.dumps(payload)
+        serialize = time.perf_counter() - serialize_start
+        resp.status = falcon.HTTP_200
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = data
+        resp.set_header("Server-Timing", timing + f", serialize;dur={serialize * 1000:.3f}")
+
+    def prepare(self, body: dict, started: float, default_deadline_ms: int | None = None) -> "Call":
+        """Validate and render one request (the request thread); raises the request-level errors."""
+        slot, options = self.validate(body, default_deadline_ms)
         if not slot.ready:
             raise NotReady(f"model {slot.name} is {slot.state}" + (f": {slot.reason}" if slot.reason else ""))
-        model = slot.model
-        plan = model.plan(body["state"], body.get("questions"), profile=options["profile"], images=body.get("images"), videos=body.get("videos"))
-        parsed = time.perf_counter()
-        deadline = time.monotonic() + options["deadline_ms"] / 1000
+        plan = slot.model.plan(body["state"], body.get("questions"), profile=options["profile"], images=body.get("images"), videos=body.get("videos"))
+        return Call(slot, options, plan, started, time.perf_counter(), time.monotonic() + options["deadline_ms"] / 1000)
+
+    @staticmethod
+    def submit(call: "Call"):
+        """Queue the request's passes on its model's scheduler (None when every question errored already)."""
+        if not call.plan.batches:
+            return None
+        return call.slot.scheduler.submit(call.plan, call.deadline, mergeable=call.options["profile"] == "batching")
+
+    def finish(self, call: "Call", job) -> tuple[dict, str]:
+        """Wait for the request's answers (to its deadline) and build its payload; returns (payload, Server-Timing)."""
+        slot, options, plan = call.slot, call.options, call.plan
         queue_s = forward_s = 0.0
         cache_hits = 0
-        if plan.batches:
-            job = slot.scheduler.submit(plan, deadline, mergeable=options["profile"] == "batching")
-            finished = job.done.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if job is not None:
+            finished = job.done.wait(timeout=max(0.0, call.deadline - time.monotonic()))
             queue_s, forward_s = job.queue_seconds, job.forward_seconds
             if finished and job.error is not None:
                 raise job.error
@@ -156,24 +179,88 @@ class Server:
             metrics.QUESTIONS.labels(**labels, type=answer["type"], outcome=answer.get("error", "answered")).inc()
         payload = {"model": slot.name, "answers": answers, "usage": {"input_tokens": tokens, "output_tokens": 0}}
         if options["return_meta"]:
-            card = model.card()
+            card = slot.model.card()
             payload["meta"] = {
                 "revision": card.get("revision"), "model_sha256": card["model_sha256"], "profile": options["profile"],
                 "numerics": card["dtype"], "engine": card["engine"], "device": card["device"],
                 "queue_ms": round(queue_s * 1000, 3), "compute_ms": round(forward_s * 1000, 3),
                 "cached_questions": cache_hits,
             }  # fmt: skip
-        serialize_start = time.perf_counter()
-        data = orjson.dumps(payload)
-        serialize = time.perf_counter() - serialize_start
-        resp.status = falcon.HTTP_200
-        resp.content_type = falcon.MEDIA_JSON
-        resp.data = data
-        resp.set_header(
-            "Server-Timing",
-            f"parse;dur={(parsed - started) * 1000:.3f}, queue;dur={queue_s * 1000:.3f}, "
-            f"forward;dur={forward_s * 1000:.3f}, serialize;dur={serialize * 1000:.3f}",
+        timing = (
+            f"parse;dur={(call.parsed - call.started) * 1000:.3f}, queue;dur={queue_s * 1000:.3f}, forward;dur={forward_s * 1000:.3f}"
         )
+        return payload, timing
+
+    # -- the bundle endpoint -------------------------------------------------------------------------
+    def bundle(self, req: falcon.Request, resp: falcon.Response) -> None:
+        """Several model calls in one request: every task answered exactly as it would be alone (its status and
+        body), in task order; a bad task never fails its siblings. All tasks are queued before any is awaited,
+        so tasks for one model share its scheduler (and `batching` merges them)."""
+        started = time.perf_counter()
+        body = self.read_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes)
+        tasks, default_deadline = self.validate_bundle(body)
+        calls: list = []
+        for task in tasks:
+            try:
+                size = len(orjson.dumps(task["body"]))
+                if size > self.config.max_request_bytes:
+                    raise RequestTooLarge(f"request body is {size} bytes, the limit is {self.config.max_request_bytes}")  # as compact JSON
+                if not isinstance(task["body"], dict):
+                    raise InvalidRequest("request body must be a JSON object")
+                call = self.prepare(task["body"], started, default_deadline)
+                calls.append((call, self.submit(call)))
+            except Exception as exc:  # the task's own error, as it would be answered alone
+                calls.append(error_response(exc))
+        results = []
+        for entry in calls:
+            if isinstance(entry, tuple) and isinstance(entry[0], Call):
+                try:
+                    payload, _ = self.finish(*entry)
+                    results.append({"status": 200, "body": payload})
+                except Exception as exc:
+                    status, envelope = error_response(exc)
+                    results.append({"status": status, "body": envelope})
+            else:
+                status, envelope = entry
+                results.append({"status": status, "body": envelope})
+        metrics.BUNDLE_TASKS.observe(len(tasks))
+        for result, task in zip(results, tasks):
+            metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
+        _json(resp, 200, {"results": results})
+
+    def validate_bundle(self, body: dict) -> tuple[list[dict], int | None]:
+        unknown = sorted(set(body) - {"tasks", "options"})
+        if unknown:
+            raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}")
+        tasks = body.get("tasks")
+        if not isinstance(tasks, list) or not tasks:
+            raise InvalidRequest("'tasks' must be a non-empty list of {surface, body}")
+        if len(tasks) > self.config.max_bundle_tasks:
+            raise InvalidRequest(f"a bundle holds at most {self.config.max_bundle_tasks} tasks, this one {len(tasks)}")
+        for index, task in enumerate(tasks):
+            if not isinstance(task, dict) or set(task) != {"surface", "body"}:
+                raise InvalidRequest(f"tasks[{index}] must be an object with exactly 'surface' and 'body'")
+            if task["surface"] not in BUNDLE_SURFACES:
+                raise InvalidRequest(f"tasks[{index}].surface must be one of {', '.join(BUNDLE_SURFACES)}")
+        options = body.get("options") or {}
+        if not isinstance(options, dict) or set(options) - {"deadline_ms"}:
+            raise InvalidRequest("bundle 'options' takes only deadline_ms")
+        deadline = options.get("deadline_ms")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int) or not 1 <= deadline <= MAX_DEADLINE_MS):
+            raise InvalidRequest(f"options.deadline_ms must be an integer in 1..{MAX_DEADLINE_MS}")
+        return tasks, deadline
+
+
+@dataclass
+class Call:
+    """One model call on its way: validated and rendered, then queued, then answered."""
+
+    slot: ModelSlot
+    options: dict
+    plan: Any
+    started: float
+    parsed: float
+    deadline: float
 
 
 class DecisionsResource:
@@ -182,6 +269,14 @@ class DecisionsResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         self.server.decide(req, resp, self.endpoint)
+
+
+class BundleResource:
+    def __init__(self, server: Server):
+        self.server = server
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        self.server.bundle(req, resp)
 
 
 class ModelsResource:
@@ -229,7 +324,7 @@ class OpenAPIResource:
 class RequestMetrics:
     """Counts every response by endpoint and status, times it, and tags it with a request id."""
 
-    ENDPOINTS = {"/v1/systemone", "/v1/decisions", "/v1/models", "/health", "/health/live", "/metrics", "/openapi.yaml"}
+    ENDPOINTS = {"/v1/systemone", "/v1/decisions", "/v1/bundle", "/v1/models", "/health", "/health/live", "/metrics", "/openapi.yaml"}
 
     def process_request(self, req, resp) -> None:
         req.context.started = time.perf_counter()
@@ -243,23 +338,29 @@ class RequestMetrics:
         resp.set_header("X-Request-Id", req.get_header("X-Request-Id") or uuid.uuid4().hex)
 
 
-def _handle_error(req: falcon.Request, resp: falcon.Response, error: Exception, params) -> None:
+def error_response(error: Exception) -> tuple[int, dict]:
+    """The status and `{"error": {"code", "message"}}` envelope of any error (the one place they are made)."""
     if isinstance(error, RuntimeServiceError):
-        _json(resp, error.status, error.envelope())
+        return error.status, error.envelope()
+    if isinstance(error, falcon.HTTPError):
+        code = {404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}.get(error.status_code, "invalid_request")
+        return error.status_code, {"error": {"code": code, "message": error.title + (f": {error.description}" if error.description else "")}}
+    log.exception("internal error: %s", error)
+    return 500, {"error": {"code": "internal_error", "message": f"{type(error).__name__}: the server failed on this request"}}
+
+
+def _handle_error(req: falcon.Request, resp: falcon.Response, error: Exception, params) -> None:
+    status, envelope = error_response(error)
+    _json(resp, status, envelope)
+    if isinstance(error, RuntimeServiceError):
         if error.status == 429:
             resp.set_header("Retry-After", "1")
         if getattr(req.context, "close_connection", False):
             resp.set_header("Connection", "close")  # part of the body was never read: this connection cannot carry another request
         return
-    if isinstance(error, falcon.HTTPError):
-        code = {404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}.get(error.status_code, "invalid_request")
-        _json(resp, error.status_code, {"error": {"code": code, "message": error.title + (f": {error.description}" if error.description else "")}})
-        if error.headers:
-            for key, value in error.headers.items():
-                resp.set_header(key, value)
-        return
-    log.exception("internal error on %s %s", req.method, req.path)
-    _json(resp, 500, {"error": {"code": "internal_error", "message": f"{type(error).__name__}: the server failed on this request"}})
+    if isinstance(error, falcon.HTTPError) and error.headers:
+        for key, value in error.headers.items():
+            resp.set_header(key, value)
 
 
 def create_app(config: ServeConfig, slots: list[ModelSlot]) -> falcon.App:
@@ -268,6 +369,7 @@ def create_app(config: ServeConfig, slots: list[ModelSlot]) -> falcon.App:
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/v1/systemone", DecisionsResource(server, "systemone"))
     app.add_route("/v1/decisions", DecisionsResource(server, "decisions"))
+    app.add_route("/v1/bundle", BundleResource(server))
     app.add_route("/v1/models", ModelsResource(server))
     app.add_route("/health", HealthResource(server))
     app.add_route("/health/live", LiveResource())

@@ -57,6 +57,7 @@ class ServeConfig:
     threads: int = 8
     max_queue: int = 256
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_bundle_tasks: int = 64  # tasks per POST /v1/bundle
     default_deadline_ms: int = DEFAULT_DEADLINE_MS
     batch_window_ms: float = 2.0
     max_batch_tokens: int = 65_536

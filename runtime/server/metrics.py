@@ -10,6 +10,8 @@ LATENCY_BUCKETS = tuple(0.001 * 2**i for i in range(13))  # 1 ms .. 4.096 s, dou
 ROW_BUCKETS = tuple(2**i for i in range(9))  # 1 .. 256
 TOKEN_BUCKETS = tuple(64 * 2**i for i in range(13))  # 64 .. 262,144
 
+BUNDLE_TASK_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
 REQUESTS = Counter(f"{PREFIX}_requests", "HTTP requests", ["endpoint", "status"])
 QUESTIONS = Counter(f"{PREFIX}_questions", "Questions answered, by type and outcome", ["model", "profile", "type", "outcome"])
 INPUT_TOKENS = Counter(f"{PREFIX}_input_tokens", "Input tokens of answered questions", ["model", "profile"])
@@ -22,6 +24,7 @@ BATCH_TOKENS = Histogram(f"{PREFIX}_batch_tokens", "Padded tokens per forward pa
 SHARED_PASSES = Counter(f"{PREFIX}_shared_passes", "shared_context passes (one prefix, many question rows)", ["model"])
 SHARED_PREFIX_TOKENS = Counter(f"{PREFIX}_shared_prefix_tokens", "Prefix tokens run once instead of once per question", ["model"])
 QUEUE_DEPTH = Gauge(f"{PREFIX}_queue_depth", "Jobs waiting per model", ["model"], multiprocess_mode="livesum")
+BUNDLE_TASKS = Histogram(f"{PREFIX}_bundle_tasks", "Tasks per POST /v1/bundle", buckets=BUNDLE_TASK_BUCKETS)
 RESULT_CACHE = Counter(f"{PREFIX}_result_cache_questions", "Question rows looked up in the result cache", ["model", "outcome"])
 LOAD_RETRIES = Counter(f"{PREFIX}_load_retries", "Model loads tried again after a transient failure", ["model"])
 READY = Gauge(f"{PREFIX}_ready", "1 when the model is ready in every live worker", ["model"], multiprocess_mode="livemin")

@@ -88,6 +88,11 @@ class ModelSlot:
         first, second = model.ask("warm-up", WARMUP_QUESTIONS), model.ask("warm-up", WARMUP_QUESTIONS)
         if first != second or "error" in first["warmup"]:
             raise RuntimeError(f"warm-up answers are not deterministic and well-formed: {first} vs {second}")
+        from runtime.golden import verify_golden
+
+        model.golden = verify_golden(model)  # a mismatch fails this model (never retried); the others serve
+        if model.golden["status"] != "verified":
+            log.warning("model %s: golden answers %s (%s)", self.name, model.golden["status"], model.golden["reason"])
         return model
 
     def _serve(self, model) -> None:
@@ -141,6 +146,8 @@ class ModelSlot:
             status["reason"] = self.reason
         if self.attempts > 1:
             status["load_attempts"] = self.attempts
+        if self.model is not None:
+            status["golden"] = self.model.golden["status"]
         return status
 
     def card(self) -> dict:

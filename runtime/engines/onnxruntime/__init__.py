@@ -39,6 +39,7 @@ def session_options(device_kind: str):
 
 class OrtEngine:
     name = "onnxruntime"
+    golden: dict | None = None
 
     def __init__(self, session, output_name: str, provider: str, device_kind: str = "cpu", device_index: int | None = None):
         self.session = session

@@ -84,5 +84,6 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
 
         engine.attach_media(artifact / media["vision"]["model_file"], artifact / media["text"]["model_file"], VisionLayout(**media["vision"]["layout"]))
     engine.artifact = manifest
+    engine.golden = manifest.get("golden")
     engine.model_path = artifact / manifest["model_file"]
     return engine, manifest["dtype"]

@@ -10,6 +10,7 @@ from runtime.engines.feature_memo import VISION_INPUTS, FeatureMemo
 
 class TorchEngine:
     name = "torch"
+    golden: dict | None = None  # eager PyTorch is the reference: nothing recorded to replay
 
     def __init__(self, module: torch.nn.Module, device: torch.device, input_names: tuple[str, ...], shared_input_names: tuple[str, ...] = ()):
         self.module = module

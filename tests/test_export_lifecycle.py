@@ -1,0 +1,177 @@
+"""Export as an operation: first use, interruption, concurrency, disk and smoke options, reduced-precision dtypes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import onnx
+import pytest
+import torch
+
+import runtime
+from conftest import load_kwargs
+from export.exporter import export_package
+from export.provider_checks import cuda_kernel_gaps
+from runtime.errors import ArtifactError
+
+
+def test_first_use_exports_into_the_cache(packages, tmp_path):
+    model = runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path)
+    made = list((tmp_path / "artifacts").glob("*/contrib-fp32/artifact.json"))
+    assert len(made) == 1
+    stamp = made[0].stat().st_mtime_ns
+    again = runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path)
+    assert made[0].stat().st_mtime_ns == stamp  # reused, not exported again
+    assert again.ask("s", {"q": {"type": "noul"}}) == model.ask("s", {"q": {"type": "noul"}})
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_interrupted_export_leaves_no_artifact(packages, tmp_path, sig):
+    out = tmp_path / "artifact"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "export", str(packages["d2_qwen3_5"]), "--out", str(out), "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(tmp_path.glob(".artifact.partial-*")):
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".artifact.partial-*")), "the export never reached its write phase"
+    os.kill(process.pid, sig)
+    process.wait(timeout=60)
+    assert not out.exists()
+    if sig == signal.SIGTERM:
+        assert not list(tmp_path.glob(".artifact.partial-*"))  # cleaned up on the way out
+    else:
+        export_package(packages["d2_qwen3_5"], out, progress=False)  # a later export clears the stale partial
+        assert out.is_dir() and not list(tmp_path.glob(".artifact.partial-*"))
+
+
+def test_unknown_dtype_is_refused_up_front(packages, tmp_path):
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        export_package(packages["d3"], tmp_path / "fp8", dtype="fp8", progress=False)
+    assert not (tmp_path / "fp8").exists()
+
+
+def test_concurrent_first_uses_export_once(packages, tmp_path, monkeypatch):
+    import threading
+
+    from export import exporter
+
+    calls = []
+    real = exporter.export_family
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exporter, "export_family", counting)
+    loaded, errors = [], []
+
+    def first_use() -> None:
+        try:
+            loaded.append(runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path))
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors and len(loaded) == 2
+    assert len(calls) == 1
+    question = {"q": {"type": "noul"}}
+    assert loaded[0].ask("s", question) == loaded[1].ask("s", question)
+
+
+def test_smoke_off_records_it_and_the_artifact_still_answers(packages, models, tmp_path):
+    out = tmp_path / "no-smoke"
+    manifest = export_package(packages["d2_qwen3"], out, progress=False, smoke="off")
+    assert manifest["smoke_parity"] is None
+    assert manifest["smoke"]["ran"] is False and manifest["smoke"]["reason"] == "--smoke off" and manifest["smoke"]["rows"] == 0
+    fast = runtime.load(packages["d2_qwen3"], profile="max_speed", artifact=out)
+    question = {"q": {"type": "noul", "instructions": "Code?"}}
+    assert abs(fast.ask("Merge two sorted lists.", question)["q"]["noul"] - models("d2_qwen3").ask("Merge two sorted lists.", question)["q"]["noul"]) <= 1e-4
+
+
+def test_too_little_disk_is_refused_before_any_work(packages, tmp_path, monkeypatch):
+    from export import disk_space
+
+    monkeypatch.setattr(disk_space, "BYTES_PER_PARAMETER", {"fp32": 1e12})
+    with pytest.raises(ArtifactError, match="not enough disk space"):
+        export_package(packages["d3"], tmp_path / "deep" / "artifact", progress=False)
+    assert not (tmp_path / "deep").exists()
+
+
+def test_weights_stream_in_blocks_equal_to_the_whole_tensor(packages):
+    """Blocks of a few rows (or columns, transposed) concatenate to exactly the tensor the module holds."""
+    from runtime.families import open_family
+    from runtime.numerics import numerics_for
+    from runtime.packages.resolve import resolve_package
+
+    for name in ("d3", "d2_lora"):
+        family = open_family(resolve_package(packages[name]), **load_kwargs(name, packages[name]))
+        if hasattr(family, "merge_adapter"):
+            family.merge_adapter = True
+        sources = family.weight_sources(numerics_for(family.name, "cpu"))
+        module = family.build_module(numerics_for(family.name, "cpu"), torch.device("cpu"))
+        state = module.state_dict()
+        merged = 0
+        for key, source in sources.items():
+            whole = source.load()
+            assert torch.equal(whole, state[key]), key  # the source makes what the module loads
+            merged += source.lora is not None
+            if whole.dim() == 2:
+                blocks = list(source.chunks(max_bytes=3 * whole.shape[1] * whole.element_size()))
+                assert torch.equal(torch.cat(blocks), whole)
+                columns = list(source.chunks(transpose=True, max_bytes=3 * whole.shape[0] * whole.element_size()))
+                assert torch.equal(torch.cat(columns), whole.t())
+                assert source.lora is not None or len(blocks) == -(-whole.shape[0] // 3)
+        assert merged > 0 if name == "d2_lora" else merged == 0
+
+
+def test_fp16_and_bf16_exports_keep_fp32_islands_and_type_check(packages, models, tmp_path):
+    """fp16: runs on ORT's CPU provider, smoke-gated against the FP32 eager model, answers like exact.
+    bf16 (CUDA only): every node type-checks (onnx strict inference: no fused norm left with mixed input
+    types), the policy's FP32 readout is kept, and a CPU load refuses it naming the dtypes CPU runs."""
+    question = {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}, "n": {"type": "noul"}}
+    exact = models("d3").ask("Merge two sorted lists.", question)
+    for dtype in ("fp16", "bf16"):
+        out = tmp_path / dtype
+        manifest = export_package(packages["d3"], out, dtype=dtype, progress=False)
+        assert manifest["dtype"] == dtype
+        onnx.shape_inference.infer_shapes_path(str(out / "model.onnx"), str(tmp_path / f"{dtype}-inferred.onnx"), check_type=True, strict_mode=True)
+        graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
+        element = {"fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}[dtype]
+        matmul_weights = {t.name: t.data_type for t in graph.graph.initializer}
+        typed = [matmul_weights[n.input[1]] for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in matmul_weights]
+        assert typed.count(onnx.TensorProto.FLOAT) == 1 and typed.count(element) == len(typed) - 1  # the readout stays FP32
+        assert {o.type.tensor_type.elem_type for o in graph.graph.output} == {onnx.TensorProto.FLOAT}
+        assert cuda_kernel_gaps(graph) == [] and manifest["cuda_kernels"]["gaps"] == 0  # each typed node has a CUDA kernel
+        if dtype == "fp16":
+            assert manifest["smoke"]["ran"] and manifest["smoke_parity"]["decisions_changed"] == 0
+            assert manifest["smoke_parity"]["max_abs_diff"] <= 1e-2
+            fast = runtime.load(packages["d3"], profile="max_speed", artifact=out).ask("Merge two sorted lists.", question)
+            assert fast["q"]["choice"] == exact["q"]["choice"] and abs(fast["n"]["noul"] - exact["n"]["noul"]) <= 1e-2
+            assert max(abs(fast["q"]["probabilities"][k] - exact["q"]["probabilities"][k]) for k in "abc") <= 1e-2
+        else:
+            assert not manifest["smoke"]["ran"] and "no bf16 kernels" in manifest["smoke"]["reason"]
+            with pytest.raises(ArtifactError, match="is bf16; CPUExecutionProvider .* runs fp32, fp16, int8"):
+                runtime.load(packages["d3"], profile="max_speed", artifact=out)
+
+
+def test_fp16_portable_graph_runs_on_cpu_like_exact(packages, models, tmp_path):
+    out = tmp_path / "portable-fp16"
+    manifest = export_package(packages["d2_qwen3_5"], out, variant="portable", dtype="fp16", progress=False)
+    assert not any(key.startswith("com.microsoft::") for key in manifest["op_counts"])
+    assert manifest["smoke"]["ran"] and manifest["smoke_parity"]["decisions_changed"] == 0 and manifest["smoke_parity"]["max_abs_diff"] <= 1e-2
+    question = {"q": {"type": "noul", "instructions": "Code?"}}
+    fast = runtime.load(packages["d2_qwen3_5"], profile="max_speed", artifact=out).ask("Merge two sorted lists.", question)
+    assert abs(fast["q"]["noul"] - models("d2_qwen3_5").ask("Merge two sorted lists.", question)["q"]["noul"]) <= 1e-2
+    with pytest.raises(ArtifactError, match="contrib variant"):
+        export_package(packages["d2_qwen3_5"], tmp_path / "portable-bf16", variant="portable", dtype="bf16", progress=False)

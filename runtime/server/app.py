@@ -5,6 +5,7 @@ Every error becomes the `{"error": {"code", "message"}}` envelope in one place (
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 import uuid
@@ -14,6 +15,7 @@ from typing import Any
 
 import falcon
 import orjson
+import yaml
 
 from runtime.errors import InvalidRequest, ModelNotFound, NotReady, RequestTooLarge, RuntimeServiceError
 from runtime.families.answers import error_answer
@@ -34,6 +36,7 @@ def _json(resp: falcon.Response, status: int, body: Any) -> None:
     resp.data = orjson.dumps(body)
 
 
+OPENAPI = yaml.safe_load(resources.files("runtime.server").joinpath("openapi.yaml").read_text())
 DISCARD_BYTES = 64 * 1024 * 1024  # how much of an over-limit body is read and dropped before answering 413
 
 
@@ -122,6 +125,22 @@ class Server:
         if name not in self.slots:
             raise ModelNotFound(f"model {name!r} is not served here (served: {', '.join(self.slots)})")
         return self.slots[name]
+
+    def openapi_document(self) -> dict:
+        """The contract as this deployment accepts it: the served model names and aliases, the profiles they
+        enable, and no media lists unless a ready model reads them (a schema-driven client then sends nothing
+        the server refuses)."""
+        document = copy.deepcopy(OPENAPI)
+        schema = document["components"]["schemas"]["DecisionRequest"]
+        if len(self.slots) > 1:
+            schema["required"] = [*schema["required"], "model"]  # only one served model may be left implicit
+        request = schema["properties"]
+        request["model"]["enum"] = sorted(set(self.slots) | set(self.aliases))
+        request["options"]["properties"]["profile"]["enum"] = sorted({p for slot in self.slots.values() for p in slot.profiles})
+        if not any(slot.ready and slot.model.reads_media for slot in self.slots.values()):
+            for media in ("images", "videos"):
+                request[media]["maxItems"] = 0
+        return document
 
     # -- the decision endpoints ---------------------------------------------------------------------
     def decide(self, req: falcon.Request, resp: falcon.Response, endpoint: str) -> None:
@@ -316,9 +335,12 @@ class MetricsResource:
 
 
 class OpenAPIResource:
+    def __init__(self, server: Server):
+        self.server = server
+
     def on_get(self, req, resp) -> None:
         resp.content_type = "application/yaml"
-        resp.data = resources.files("runtime.server").joinpath("openapi.yaml").read_bytes()
+        resp.data = yaml.safe_dump(self.server.openapi_document(), sort_keys=False).encode()
 
 
 class RequestMetrics:
@@ -374,7 +396,7 @@ def create_app(config: ServeConfig, slots: list[ModelSlot]) -> falcon.App:
     app.add_route("/health", HealthResource(server))
     app.add_route("/health/live", LiveResource())
     app.add_route("/metrics", MetricsResource())
-    app.add_route("/openapi.yaml", OpenAPIResource())
+    app.add_route("/openapi.yaml", OpenAPIResource(server))
     app.add_error_handler(Exception, _handle_error)
     app.add_error_handler(falcon.HTTPError, _handle_error)
     return app

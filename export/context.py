@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import torch
 
-from export.streaming import Provenance, StreamedModule
-from runtime.families.base import Family
+from vllm_sr_runtime.export.streaming import Provenance, StreamedModule
+from vllm_sr_runtime.families.base import Family
 
 
 @dataclass

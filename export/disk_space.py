@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from runtime.errors import ArtifactError
+from vllm_sr_runtime.errors import ArtifactError
 
 # Bytes on disk per parameter: fp32 writes 4; int8 writes 1 for the quantized MatMul weights and 4 for what
 # stays FP32 (embeddings, norms, the head and the token mixers' output projections).

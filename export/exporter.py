@@ -12,21 +12,21 @@ import onnx
 import torch
 from tqdm import tqdm
 
-from runtime.artifacts import ARTIFACT_SCHEMA, atomic_directory, write_manifest
-from export.context import ExportContext
-from export.disk_space import check_disk_space
-from export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
-from export.graph_passes import op_counts
-from export.phases import PhaseClock
-from export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, plan_smoke, smoke_parity
-from export.static_graphs import check_cuda_kernels, static_sequence_lengths, write_static_graphs
-from export.streaming import StreamedModule, trace
-from runtime.engines.onnxruntime import DEVICE_DTYPES
-from runtime.errors import ArtifactError
-from runtime.families import open_family
-from runtime.families.base import Family
-from runtime.numerics import Numerics, numerics_for
-from runtime.packages.resolve import resolve_package
+from vllm_sr_runtime.artifacts import ARTIFACT_SCHEMA, atomic_directory, write_manifest
+from vllm_sr_runtime.export.context import ExportContext
+from vllm_sr_runtime.export.disk_space import check_disk_space
+from vllm_sr_runtime.export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
+from vllm_sr_runtime.export.graph_passes import op_counts
+from vllm_sr_runtime.export.phases import PhaseClock
+from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, plan_smoke, smoke_parity
+from vllm_sr_runtime.export.static_graphs import check_cuda_kernels, static_sequence_lengths, write_static_graphs
+from vllm_sr_runtime.export.streaming import StreamedModule, trace
+from vllm_sr_runtime.engines.onnxruntime import DEVICE_DTYPES
+from vllm_sr_runtime.errors import ArtifactError
+from vllm_sr_runtime.families import open_family
+from vllm_sr_runtime.families.base import Family
+from vllm_sr_runtime.numerics import Numerics, numerics_for
+from vllm_sr_runtime.packages.resolve import resolve_package
 
 VARIANTS = ("contrib", "portable")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.float32}
@@ -102,7 +102,7 @@ def export_family(
         )
     static_lengths = static_sequence_lengths(family.max_input_tokens, lengths) if variant == "portable" else None
     disk_needed = check_disk_space(out, family.card().get("parameters"), dtype)
-    from export.media_graphs import MEDIA_PHASES, export_media
+    from vllm_sr_runtime.export.media_graphs import MEDIA_PHASES, export_media
 
     phase_count = len(PHASES) + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if family.reads_media else 0)
     bar = tqdm(total=phase_count, desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
@@ -138,7 +138,7 @@ def export_family(
             phase("session")
             engine = None
             if dtype in CPU_SESSION_DTYPES:
-                from runtime.engines.onnxruntime import OrtEngine
+                from vllm_sr_runtime.engines.onnxruntime import OrtEngine
 
                 engine = OrtEngine.from_file(temp / MODEL_FILE, device_kind="cpu", output_name=family.output_name, buckets=buckets)
             bar.update()

@@ -8,9 +8,9 @@ from pathlib import Path
 import onnx
 import torch
 
-from export.graph_passes import cast_mixed_rms_norms, trim_contrib_outputs
-from export.int8 import quantize_matmuls
-from export.streaming import TracedGraph, write_graph
+from vllm_sr_runtime.export.graph_passes import cast_mixed_rms_norms, trim_contrib_outputs
+from vllm_sr_runtime.export.int8 import quantize_matmuls
+from vllm_sr_runtime.export.streaming import TracedGraph, write_graph
 
 IO_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
 
@@ -54,7 +54,7 @@ def gdn_dims(module: torch.nn.Module) -> tuple[int, int] | None:
 
 
 def translation_table(module: torch.nn.Module) -> dict:
-    from export import translations
+    from vllm_sr_runtime.export import translations
 
     config = (getattr(module, "backbone", None) or module.text_model).config
     if gdn_dims(module) is None:

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import onnx_ir as ir
 
-from export.streaming import TracedGraph
+from vllm_sr_runtime.export.streaming import TracedGraph
 
 # Backbone weights kept FP32 under --dtype int8, by parameter-name suffix: the token mixers' output
 # projections. Their inputs (attention / Gated DeltaNet outputs) carry the outliers that per-tensor

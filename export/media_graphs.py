@@ -11,12 +11,12 @@ from __future__ import annotations
 import onnx
 import torch
 
-from export.graph_emit import emit_graph, io_schema, translation_table
-from export.smoke import SMOKE_QUESTIONS, SMOKE_STATE, check_smoke, smoke_parity
-from export.context import ExportContext
-from export.streaming import trace
-from export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision
-from runtime.families.decision3.vision_segments import SEGMENT_INPUTS, VisionLayout, segment_groups
+from vllm_sr_runtime.export.graph_emit import emit_graph, io_schema, translation_table
+from vllm_sr_runtime.export.smoke import SMOKE_QUESTIONS, SMOKE_STATE, check_smoke, smoke_parity
+from vllm_sr_runtime.export.context import ExportContext
+from vllm_sr_runtime.export.streaming import trace
+from vllm_sr_runtime.export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision
+from vllm_sr_runtime.families.decision3.vision_segments import SEGMENT_INPUTS, VisionLayout, segment_groups
 
 VISION_FILE, VISION_DATA_FILE = "vision.onnx", "vision.onnx.data"
 MEDIA_MODEL_FILE, MEDIA_DATA_FILE = "model_media.onnx", "model_media.onnx.data"  # its own weights only

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import onnx
 
-from export.chunked_gdn import GraphBuilder, lower_gated_delta
-from export.primitive_ops import attribute, lower_attention, lower_gather_nd, lower_gelu, lower_layer_norm, lower_rms_norm
+from vllm_sr_runtime.export.chunked_gdn import GraphBuilder, lower_gated_delta
+from vllm_sr_runtime.export.primitive_ops import attribute, lower_attention, lower_gather_nd, lower_gelu, lower_layer_norm, lower_rms_norm
 
 
 def lower_to_portable(

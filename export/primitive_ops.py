@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from export.chunked_gdn import GraphBuilder
+from vllm_sr_runtime.export.chunked_gdn import GraphBuilder
 
 # Query rows per attention block: the scores of a block are [rows, keys] per head, not [T, T] (at 8k tokens
 # the whole score matrix of one row and head is 256 MB in FP32).

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from export.phases import available_memory_bytes
-from runtime.engines.onnxruntime import DEVICE_DTYPES
-from runtime.errors import ArtifactError
-from runtime.families.answers import answer_distribution
-from runtime.families.base import Family
+from vllm_sr_runtime.export.phases import available_memory_bytes
+from vllm_sr_runtime.engines.onnxruntime import DEVICE_DTYPES
+from vllm_sr_runtime.errors import ArtifactError
+from vllm_sr_runtime.families.answers import answer_distribution
+from vllm_sr_runtime.families.base import Family
 
 # The export opens a CPU session and runs the smoke parity only for dtypes ORT's CPU provider runs.
 CPU_SESSION_DTYPES = DEVICE_DTYPES["cpu"]
@@ -57,8 +57,8 @@ def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: 
     of rows, a JSON state) and one single-row request (a text state): max |dp| and decisions changed. Under
     shared_context both sides share the multi-question request's prefix; with `media` (prepared
     images/videos) every request reads them."""
-    from runtime.devices import parse_device
-    from runtime.model import DecisionModel
+    from vllm_sr_runtime.devices import parse_device
+    from vllm_sr_runtime.model import DecisionModel
 
     eager = eager_model(family, module, profile)
     graph = DecisionModel(family, engine, profile, parse_device("cpu"), "", shared_min_tokens=0)
@@ -78,9 +78,9 @@ def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: 
 
 def eager_model(family: Family, module: torch.nn.Module, profile: str = "exact"):
     """The eager FP32 module as a model that answers requests on CPU (the smoke parity's and golden answers' reference)."""
-    from runtime.devices import parse_device
-    from runtime.engines.torch import TorchEngine
-    from runtime.model import DecisionModel
+    from vllm_sr_runtime.devices import parse_device
+    from vllm_sr_runtime.engines.torch import TorchEngine
+    from vllm_sr_runtime.model import DecisionModel
 
     cpu = parse_device("cpu")
     engine = TorchEngine(module, cpu.torch_device, family.input_names, family.shared_input_names)
@@ -89,6 +89,6 @@ def eager_model(family: Family, module: torch.nn.Module, profile: str = "exact")
 
 def golden_answers(family: Family, module: torch.nn.Module) -> dict:
     """The golden suite's exact answers, recorded in artifact.json and replayed while a server warms the artifact."""
-    from runtime.golden import record_golden
+    from vllm_sr_runtime.golden import record_golden
 
     return record_golden(eager_model(family, module).ask)

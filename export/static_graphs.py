@@ -7,13 +7,13 @@ from pathlib import Path
 
 import onnx
 
-from runtime.errors import ArtifactError
-from runtime.families.base import Family
+from vllm_sr_runtime.errors import ArtifactError
+from vllm_sr_runtime.families.base import Family
 
 def check_cuda_kernels(model_path: Path) -> dict:
     """Every typed node of a CUDA-bound graph has a CUDA kernel for its floating-point types (the vendored
     registry table); a gap would fail the session on the GPU with CPU fallback disabled."""
-    from export.provider_checks import cuda_kernel_gaps, provider_rules
+    from vllm_sr_runtime.export.provider_checks import cuda_kernel_gaps, provider_rules
 
     gaps = cuda_kernel_gaps(onnx.load(str(model_path), load_external_data=False))
     if gaps:
@@ -24,7 +24,7 @@ def check_cuda_kernels(model_path: Path) -> dict:
 def static_sequence_lengths(longest_prompt: int, lengths: tuple[int, ...] | None) -> tuple[int, ...]:
     """The portable variant's static lengths: multiples of the GDN chunk, the last covering the package's
     longest prompt."""
-    from export.chunked_gdn import CHUNK
+    from vllm_sr_runtime.export.chunked_gdn import CHUNK
 
     top = -(-int(longest_prompt) // CHUNK) * CHUNK
     if lengths:
@@ -45,8 +45,8 @@ def static_sequence_lengths(longest_prompt: int, lengths: tuple[int, ...] | None
 def write_static_graphs(proto: onnx.ModelProto, temp: Path, family: Family, gdn, lengths: tuple[int, ...], longest_file: str) -> dict:
     """The portable graphs, one per static length, all reading the main graph's weights file; the longest is
     `longest_file` (the artifact's main graph). Each is checked node by node against the MIGraphX provider's list."""
-    from export.provider_checks import migraphx_refusals, provider_rules
-    from export.portable import lower_to_portable
+    from vllm_sr_runtime.export.provider_checks import migraphx_refusals, provider_rules
+    from vllm_sr_runtime.export.portable import lower_to_portable
 
     config = family.backbone_config()
     heads = (config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads)

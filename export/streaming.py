@@ -23,9 +23,9 @@ import onnx_ir as ir
 import torch
 from tqdm import tqdm
 
-from export.gdn_ops import patched_gdn
-from runtime.errors import ArtifactError
-from runtime.families.weights import WeightSource
+from vllm_sr_runtime.export.gdn_ops import patched_gdn
+from vllm_sr_runtime.errors import ArtifactError
+from vllm_sr_runtime.families.weights import WeightSource
 
 SIZE_THRESHOLD = 1024  # bytes; smaller tensors stay inside the graph file
 ALIGNMENT = 4096  # page-aligned offsets let ONNX Runtime map the weights

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnxscript
 from onnxscript import opset18 as op
 
-from export.contrib_schemas import register_contrib_schemas
+from vllm_sr_runtime.export.contrib_schemas import register_contrib_schemas
 
 register_contrib_schemas()
 MSFT = onnxscript.values.Opset(domain="com.microsoft", version=1)

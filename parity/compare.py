@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from parity.suite import SuiteRequest
-from runtime.families.answers import answer_distribution
+from vllm_sr_runtime.parity.suite import SuiteRequest
+from vllm_sr_runtime.families.answers import answer_distribution
 
 NEAR_TIE = 0.01  # a changed decision whose reference top-two margin is below this counts as a near-tie
 LENGTH_BUCKETS = ((0, 128), (128, 512), (512, 2048), (2048, 8192), (8192, 1 << 30))

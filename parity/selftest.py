@@ -59,7 +59,7 @@ def devices_found() -> dict:
     import onnxruntime as ort
     import torch
 
-    from runtime.devices import parse_device
+    from vllm_sr_runtime.devices import parse_device
 
     gpus = []
     if torch.cuda.is_available():
@@ -80,7 +80,7 @@ def devices_found() -> dict:
 
 
 def _fixture(name: str, spec: dict, root: Path) -> tuple[Path, Path | None]:
-    from runtime.fixtures.writer import write_fixture
+    from vllm_sr_runtime.fixtures.writer import write_fixture
 
     out = root / name
     written = write_fixture(spec["family"], out, backbone=spec.get("backbone"), size=spec.get("size", "tiny"), adapter=spec.get("adapter", False), readout_scale=READOUT_SCALE)  # fmt: skip
@@ -88,8 +88,8 @@ def _fixture(name: str, spec: dict, root: Path) -> tuple[Path, Path | None]:
 
 
 def _parity(exact: Any, fast: Any, questions: int) -> dict:
-    from parity.compare import compare, gates, summarize
-    from parity.suite import short_suite
+    from vllm_sr_runtime.parity.compare import compare, gates, summarize
+    from vllm_sr_runtime.parity.suite import short_suite
 
     suite = short_suite(exact.family.max_input_tokens, questions=questions)
     summary = summarize(compare(exact, fast, suite, progress=False))
@@ -103,12 +103,12 @@ def _parity(exact: Any, fast: Any, questions: int) -> dict:
 
 def _serve_rps(package: Path, artifact: Path, device: str, clients: list[int], seconds: float, base_path: Path | None) -> list[dict]:
     """Requests/s of a real `serve` (gunicorn, Unix socket) of the package's max_speed artifact."""
-    from runtime.bench.http_load import UnixConnection, run_http
+    from vllm_sr_runtime.bench.http_load import UnixConnection, run_http
 
     folder = Path(tempfile.mkdtemp(prefix="vsr-selftest-"))
     os.chmod(folder, 0o700)
     uds = str(folder / "serve.sock")
-    command = [sys.executable, "-m", "runtime.cli", "serve", str(package), "--profile", "max_speed", "--artifact", str(artifact)]
+    command = [sys.executable, "-m", "vllm_sr_runtime.cli", "serve", str(package), "--profile", "max_speed", "--artifact", str(artifact)]
     command += ["--device", device, "--uds", uds, "--log-level", "warning"] + (["--base-path", str(base_path)] if base_path else [])
     log = open(folder / "serve.log", "wb")
     process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
@@ -135,12 +135,12 @@ def _serve_rps(package: Path, artifact: Path, device: str, clients: list[int], s
 
 
 def run_selftest(options: SelftestOptions) -> dict:
-    import runtime
-    from export.exporter import export_package
-    from runtime.bench.forward import run_forward
-    from runtime.devices import parse_device
-    from runtime.engines.onnxruntime import DEVICE_DTYPES
-    from runtime.engines.onnxruntime.providers import PROVIDERS
+    import vllm_sr_runtime
+    from vllm_sr_runtime.export.exporter import export_package
+    from vllm_sr_runtime.bench.forward import run_forward
+    from vllm_sr_runtime.devices import parse_device
+    from vllm_sr_runtime.engines.onnxruntime import DEVICE_DTYPES
+    from vllm_sr_runtime.engines.onnxruntime.providers import PROVIDERS
 
     started = time.time()
     out = Path(options.out)
@@ -160,14 +160,14 @@ def run_selftest(options: SelftestOptions) -> dict:
     for name, spec in chosen.items():
         package, base = _fixture(name, spec, out / "fixtures")
         common = {"device": device.name, "base_path": base}
-        exact = runtime.load(package, profile="exact", **common)
+        exact = vllm_sr_runtime.load(package, profile="exact", **common)
         fast_models = {}
         for dtype in dtypes:
             artifact = out / "artifacts" / f"{name}-{variant}-{dtype}"
             log(f"{name}: export {variant}/{dtype}")
             try:
                 export_package(package, artifact, variant=variant, dtype=dtype, base_path=base, progress=False, smoke="off")
-                fast = runtime.load(package, profile="max_speed", artifact=artifact, **common)
+                fast = vllm_sr_runtime.load(package, profile="max_speed", artifact=artifact, **common)
                 row = {"fixture": name, "dtype": dtype, **_parity(exact, fast, options.questions)}
                 fast_models[dtype] = (fast, artifact)
             except Exception as exc:  # one dtype that cannot export or load fails its row, not the run

@@ -10,8 +10,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from runtime.errors import ArtifactError
-from runtime.packages.files import list_package_files, sha256_file
+from vllm_sr_runtime.errors import ArtifactError
+from vllm_sr_runtime.packages.files import list_package_files, sha256_file
 
 ARTIFACT_SCHEMA = "vllm-sr-runtime-artifact/1"
 ARTIFACT_FILE = "artifact.json"

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from runtime.errors import RuntimeServiceError
+from vllm_sr_runtime.errors import RuntimeServiceError
 
 
 def _add_source_options(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +18,7 @@ def _add_source_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_fixture(args: argparse.Namespace) -> int:
-    from runtime.fixtures.writer import write_fixture
+    from vllm_sr_runtime.fixtures.writer import write_fixture
 
     written = write_fixture(
         args.family,
@@ -41,8 +41,8 @@ def cmd_fixture(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from runtime.families import open_family
-    from runtime.packages.resolve import resolve_package
+    from vllm_sr_runtime.families import open_family
+    from vllm_sr_runtime.packages.resolve import resolve_package
 
     ref = resolve_package(args.package, cache_dir=args.cache_dir, offline=args.offline or None)
     family = open_family(ref, base_path=Path(args.base_path) if args.base_path else None, cache_dir=args.cache_dir, offline=args.offline or None)
@@ -56,7 +56,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from runtime.packages.releases import RELEASES
+    from vllm_sr_runtime.packages.releases import RELEASES
 
     if args.json:
         print(json.dumps([release.to_json() for release in RELEASES], indent=2))
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _optional_commands():
     """Subcommands whose modules pull heavier dependencies register themselves lazily."""
-    from runtime import commands
+    from vllm_sr_runtime import commands
 
     return commands.REGISTRARS
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.errors import UnsupportedDeviceError
+from vllm_sr_runtime.errors import UnsupportedDeviceError
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|rocm)(?::(\d+))?$")
 

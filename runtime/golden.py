@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from runtime.errors import VerificationError
-from runtime.families.answers import answer_distribution
-from runtime.packages.files import GOLDEN_FILE, sha256_file
+from vllm_sr_runtime.errors import VerificationError
+from vllm_sr_runtime.families.answers import answer_distribution
+from vllm_sr_runtime.packages.files import GOLDEN_FILE, sha256_file
 
 GOLDEN_SUITE = "golden-v1"
 GOLDEN_REQUESTS: tuple[tuple[Any, dict], ...] = (

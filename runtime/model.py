@@ -10,14 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from runtime.devices import Device, parse_device
-from runtime.errors import InvalidRequest
-from runtime.families import open_family
-from runtime.families.answers import error_answer
-from runtime.families.base import Family, Plan
-from runtime.families.shared_context import DEFAULT_MIN_SAVED_TOKENS
-from runtime.profiles import build_engine
-from runtime.packages.resolve import resolve_package
+from vllm_sr_runtime.devices import Device, parse_device
+from vllm_sr_runtime.errors import InvalidRequest
+from vllm_sr_runtime.families import open_family
+from vllm_sr_runtime.families.answers import error_answer
+from vllm_sr_runtime.families.base import Family, Plan
+from vllm_sr_runtime.families.shared_context import DEFAULT_MIN_SAVED_TOKENS
+from vllm_sr_runtime.profiles import build_engine
+from vllm_sr_runtime.packages.resolve import resolve_package
 
 
 DEFAULT_BATCH_TOKENS = 65_536  # padded tokens per cross-request pass
@@ -41,7 +41,7 @@ class DecisionModel:
         self.shared_min_tokens = shared_min_tokens  # shared_context: (questions - 1) x prefix tokens it must save
         self.shared_questions = 0  # questions answered through a shared pass (parity and metrics report it)
         self.result_cache = None  # a ResultCache (the server sets one per loaded model; None: every row is computed)
-        self.golden: dict = {"status": "unchecked"}  # what replaying the golden answers found (runtime.golden.verify_golden)
+        self.golden: dict = {"status": "unchecked"}  # what replaying the golden answers found (vllm_sr_runtime.golden.verify_golden)
 
     @property
     def reads_media(self) -> bool:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from runtime.devices import Device
-from runtime.engines.torch import TorchEngine
-from runtime.errors import InvalidRequest
-from runtime.families.base import Family
-from runtime.numerics import numerics_for
+from vllm_sr_runtime.devices import Device
+from vllm_sr_runtime.engines.torch import TorchEngine
+from vllm_sr_runtime.errors import InvalidRequest
+from vllm_sr_runtime.families.base import Family
+from vllm_sr_runtime.numerics import numerics_for
 
 EngineFactory = Callable[..., object]
 
@@ -20,7 +20,7 @@ def _exact(family: Family, device: Device, **_: object):
 
 
 def _max_speed(family: Family, device: Device, **options: object):
-    from runtime.engines.onnxruntime.profile import max_speed_engine
+    from vllm_sr_runtime.engines.onnxruntime.profile import max_speed_engine
 
     return max_speed_engine(family, device, **options)
 

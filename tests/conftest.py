@@ -9,13 +9,27 @@ from pathlib import Path
 
 import pytest
 
+
+def _one_share_of_the_cores_per_worker() -> None:
+    """Under pytest-xdist each worker (and every process it starts: servers, exports) gets its own share of
+    the cores, before torch or ONNX Runtime size their thread pools from the affinity: two workers each
+    spinning a pool over all cores would slow both down."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= count:
+        os.sched_setaffinity(0, cores[int(worker.removeprefix("gw")) % count :: count])
+
+
+_one_share_of_the_cores_per_worker()
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # The runtime's cache (exported artifacts, ORT's optimized graphs) goes to a per-run directory, never ~/.cache.
 os.environ.setdefault("VLLM_SR_RUNTIME_CACHE_DIR", tempfile.mkdtemp(prefix="vsr-test-cache-"))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from runtime.fixtures.writer import write_fixture  # noqa: E402
+from vllm_sr_runtime.fixtures.writer import write_fixture  # noqa: E402
 
 # name -> (family, options)
 PACKAGE_KINDS = {
@@ -46,13 +60,13 @@ def load_kwargs(name: str, path: Path) -> dict:
 @pytest.fixture(scope="session")
 def models(packages):
     """Lazily loaded exact-profile models, shared by the tests of a session."""
-    import runtime
+    import vllm_sr_runtime
 
     cache: dict[str, object] = {}
 
     def get(name: str):
         if name not in cache:
-            cache[name] = runtime.load(packages[name], **load_kwargs(name, packages[name]))
+            cache[name] = vllm_sr_runtime.load(packages[name], **load_kwargs(name, packages[name]))
         return cache[name]
 
     return get

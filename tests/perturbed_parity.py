@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-import runtime
-from runtime.cli import main
+import vllm_sr_runtime
+from vllm_sr_runtime.cli import main
 
 
 class PerturbedEngine:
@@ -40,7 +40,7 @@ class PerturbedEngine:
 
 def perturb_candidate(scale: float) -> None:
     """`parity` loads the reference first and the candidate second: wrap the second model's engine."""
-    real_load, loaded = runtime.load, []
+    real_load, loaded = vllm_sr_runtime.load, []
 
     def load(*args, **kwargs):
         model = real_load(*args, **kwargs)
@@ -49,7 +49,7 @@ def perturb_candidate(scale: float) -> None:
             model.engine = PerturbedEngine(model.engine, scale, model.family.output_name == "probabilities")
         return model
 
-    runtime.load = load
+    vllm_sr_runtime.load = load
 
 
 if __name__ == "__main__":

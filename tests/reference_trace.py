@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 import torch
 
-from export.gdn_ops import patched_gdn
-from export.graph_passes import trim_contrib_outputs
+from vllm_sr_runtime.export.gdn_ops import patched_gdn
+from vllm_sr_runtime.export.graph_passes import trim_contrib_outputs
 
 
 def reference_trace(module, sample: dict, input_names, dynamic_axes: dict, output_name: str, translations: dict, method: str = "forward") -> onnx.ModelProto:

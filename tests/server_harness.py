@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from runtime.bench.http_load import UnixConnection
+from vllm_sr_runtime.bench.http_load import UnixConnection
 
 
 def free_port() -> int:
@@ -41,7 +41,7 @@ class Server:
         self.log_path = log
         self.log = open(log, "wb") if log else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "runtime.cli", "serve", *args, *bind, "--log-level", "warning"],
+            [sys.executable, "-m", "vllm_sr_runtime.cli", "serve", *args, *bind, "--log-level", "warning"],
             stdout=self.log, stderr=self.log, env={**os.environ, **(env or {})}, start_new_session=True,
         )  # fmt: skip
 
@@ -105,7 +105,7 @@ class Contract:
     """Validates responses against the served OpenAPI document."""
 
     def __init__(self):
-        self.document = yaml.safe_load(resources.files("runtime.server").joinpath("openapi.yaml").read_text())
+        self.document = yaml.safe_load(resources.files("vllm_sr_runtime.server").joinpath("openapi.yaml").read_text())
 
     def check(self, path: str, method: str, reply: Reply) -> None:
         operation = self.document["paths"][path][method.lower()]

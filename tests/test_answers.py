@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from runtime.families.answers import confidence, softmax
-from runtime.families.decision2.readout import answer_from_logits
-from runtime.families.decision3.readout import answer_from_probabilities
-from runtime.families.questions import parse_questions
+from vllm_sr_runtime.families.answers import confidence, softmax
+from vllm_sr_runtime.families.decision2.readout import answer_from_logits
+from vllm_sr_runtime.families.decision3.readout import answer_from_probabilities
+from vllm_sr_runtime.families.questions import parse_questions
 
 UNIT = {"choice": 1.0, "noul": 1.0, "score": 1.0}
 

@@ -1,4 +1,4 @@
-"""runtime.load / ask: answers, per-question errors, limits, devices, profiles."""
+"""vllm_sr_runtime.load / ask: answers, per-question errors, limits, devices, profiles."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-import runtime
-from runtime.devices import parse_device
-from runtime.errors import InvalidRequest, UnsupportedDeviceError
+import vllm_sr_runtime
+from vllm_sr_runtime.devices import parse_device
+from vllm_sr_runtime.errors import InvalidRequest, UnsupportedDeviceError
 
 STATE = "Write a Python function that merges two sorted lists and explain its running time."
 FAMILIES = ["d2_qwen3_5", "d3"]
@@ -134,17 +134,17 @@ def test_devices():
 def test_load_errors_are_clear(packages):
     if parse_device("auto").kind == "cpu":
         with pytest.raises(UnsupportedDeviceError):
-            runtime.load(packages["d3"], device="cuda")
+            vllm_sr_runtime.load(packages["d3"], device="cuda")
     with pytest.raises(InvalidRequest, match="unknown profile"):
-        runtime.load(packages["d3"], profile="warp_speed")
+        vllm_sr_runtime.load(packages["d3"], profile="warp_speed")
 
 
 def test_adapter_merge_matches_unmerged(packages, models):
-    from runtime.families.decision2.family import Decision2Family
-    from runtime.numerics import numerics_for
-    from runtime.engines.torch import TorchEngine
-    from runtime.model import DecisionModel
-    from runtime.devices import parse_device as device
+    from vllm_sr_runtime.families.decision2.family import Decision2Family
+    from vllm_sr_runtime.numerics import numerics_for
+    from vllm_sr_runtime.engines.torch import TorchEngine
+    from vllm_sr_runtime.model import DecisionModel
+    from vllm_sr_runtime.devices import parse_device as device
 
     unmerged = models("d2_lora")
     family = Decision2Family.open(unmerged.family.ref, base_path=unmerged.family.package.base.path)

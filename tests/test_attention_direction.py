@@ -5,7 +5,7 @@ than any tolerance the tests use. (Exported graphs: tests/test_export.py and tes
 
 from __future__ import annotations
 
-import runtime
+import vllm_sr_runtime
 from attention_direction import FAR, TOLERANCE, full_attention_layers, max_difference
 
 
@@ -22,9 +22,9 @@ def test_exact_tells_causal_from_noncausal(models):
 def test_shared_context_on_a_noncausal_package_is_approximate(models, packages):
     """Sharing the prefix drops the prefix -> question direction: the loss is visible on the tiny fixture, and
     the model says so; on a causal package the profile is exact."""
-    shared = runtime.load(packages["d3"], profile="shared_context", shared_min_tokens=1)
+    shared = vllm_sr_runtime.load(packages["d3"], profile="shared_context", shared_min_tokens=1)
     assert shared.family.card()["shared_context"] == "approximate"
     assert max_difference(shared, models("d3")) > FAR
-    causal = runtime.load(packages["d3_causal"], profile="shared_context", shared_min_tokens=1)
+    causal = vllm_sr_runtime.load(packages["d3_causal"], profile="shared_context", shared_min_tokens=1)
     assert causal.family.card()["shared_context"] == "exact"
     assert max_difference(causal, models("d3_causal")) <= TOLERANCE

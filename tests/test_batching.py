@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-import runtime
+import vllm_sr_runtime
 from server_harness import Contract, Server
 
 CONTRACT = Contract()
@@ -54,7 +54,7 @@ def assert_close(left: dict, right: dict, tolerance: float) -> None:
 @pytest.mark.parametrize("name", ["d2_qwen3_5", "d3"])
 def test_shared_passes_change_nothing_beyond_1e_5(models, packages, name):
     exact = models(name)
-    batching = runtime.load(packages[name], profile="batching")
+    batching = vllm_sr_runtime.load(packages[name], profile="batching")
     reqs = requests_for_test()
     together = batching.ask_many(reqs, budget_tokens=4096)
     assert len(batching.family.pack([i for s, q in reqs for b in batching.plan(s, q).batches for i in b.items], 4096)) >= 2
@@ -68,7 +68,7 @@ def test_parity_batching_profile(packages, tmp_path):
     suite.write_text("\n".join(json.dumps({"state": state, "questions": questions}) for state, questions in requests_for_test(16)) + "\n")
     out = tmp_path / "report"
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "parity", str(packages["d3"]), "--profile", "batching", "--suite", str(suite), "--out", str(out), "--max-abs-diff", "1e-5", "--max-changed-rate", "0", "--quiet"],
+        [sys.executable, "-m", "vllm_sr_runtime.cli", "parity", str(packages["d3"]), "--profile", "batching", "--suite", str(suite), "--out", str(out), "--max-abs-diff", "1e-5", "--max-changed-rate", "0", "--quiet"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]

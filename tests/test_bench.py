@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from export.exporter import export_package
+from vllm_sr_runtime.export.exporter import export_package
 from server_harness import Server
 
 ROW_FIELDS = {"profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "fraction_of_limit"}
@@ -17,7 +17,7 @@ def test_bench_forward(packages, tmp_path):
     export_package(packages["d3"], artifact, progress=False)
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "bench", str(packages["d3"]), "--artifact", str(artifact), "--lengths", "200,400",
+        [sys.executable, "-m", "vllm_sr_runtime.cli", "bench", str(packages["d3"]), "--artifact", str(artifact), "--lengths", "200,400",
          "--questions", "1,8", "--repeats", "2", "--out", str(out), "--plot", "--quiet", "--ort-profile"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -52,7 +52,7 @@ def test_bench_http(packages, tmp_path):
         server.wait()
         out = tmp_path / "bench"
         result = subprocess.run(
-            [sys.executable, "-m", "runtime.cli", "bench", "--mode", "http", "--url", f"http://127.0.0.1:{server.port}",
+            [sys.executable, "-m", "vllm_sr_runtime.cli", "bench", "--mode", "http", "--url", f"http://127.0.0.1:{server.port}",
              "--concurrency", "1,4", "--duration", "1.5", "--out", str(out), "--plot", "--quiet"],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
@@ -71,7 +71,7 @@ def test_bench_http(packages, tmp_path):
 def test_bench_export_reports_each_phase_and_the_whole_run(packages, tmp_path):
     out = tmp_path / "bench-export"
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "bench", str(packages["d2_qwen3"]), "--mode", "export", "--dtype", "fp32,int8", "--out", str(out)],
+        [sys.executable, "-m", "vllm_sr_runtime.cli", "bench", str(packages["d2_qwen3"]), "--mode", "export", "--dtype", "fp32,int8", "--out", str(out)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -87,6 +87,6 @@ def test_bench_export_reports_each_phase_and_the_whole_run(packages, tmp_path):
 
 
 def test_each_dtype_is_judged_against_its_own_ceiling():
-    from runtime.bench.flops import ceiling_for
+    from vllm_sr_runtime.bench.flops import ceiling_for
 
     assert [ceiling_for(dtype) for dtype in ("fp32", "fp16", "bf16", "int8")] == ["fp32", "fp32", "fp32", "int8"]

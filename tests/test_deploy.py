@@ -63,8 +63,8 @@ def documents():
 
 
 def test_deployments_fit_the_runtime():
-    from runtime.cli import build_parser
-    from runtime.server.config import DEFAULT_DEADLINE_MS, ServeConfig
+    from vllm_sr_runtime.cli import build_parser
+    from vllm_sr_runtime.server.config import DEFAULT_DEADLINE_MS, ServeConfig
 
     deployments = [d for d in documents() if d["kind"] == "Deployment"]
     assert {d["metadata"]["name"] for d in deployments} == {"vllm-sr-runtime", "vllm-sr-runtime-cuda", "vllm-sr-runtime-rocm"}
@@ -85,7 +85,7 @@ def test_deployments_fit_the_runtime():
 
 
 def test_configmap_models_file_parses(tmp_path):
-    from runtime.server.config import load_models_file
+    from vllm_sr_runtime.server.config import load_models_file
 
     config = next(d for d in documents() if d["kind"] == "ConfigMap")
     models = tmp_path / "models.yaml"

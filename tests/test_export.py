@@ -11,11 +11,11 @@ import onnx
 import pytest
 import torch
 
-import runtime
+import vllm_sr_runtime
 from conftest import load_kwargs
-from runtime.artifacts import read_artifact
-from export.exporter import export_package
-from runtime.errors import ArtifactError
+from vllm_sr_runtime.artifacts import read_artifact
+from vllm_sr_runtime.export.exporter import export_package
+from vllm_sr_runtime.errors import ArtifactError
 
 CASES = [("d2_qwen3", "contrib"), ("d2_qwen3_5", "contrib"), ("d2_lora", "contrib"), ("d3", "contrib"), ("d2_qwen3_5", "portable"), ("d3", "portable")]
 GDN = {"d2_qwen3_5", "d2_lora", "d3"}
@@ -67,7 +67,7 @@ def test_graph_ops(artifacts, name, variant):
 
 @pytest.mark.parametrize("name", ["d2_qwen3_5", "d3"])
 def test_portable_graphs_have_static_lengths_and_only_migraphx_ops(artifacts, name):
-    from export.provider_checks import migraphx_refusals
+    from vllm_sr_runtime.export.provider_checks import migraphx_refusals
 
     root = artifacts[(name, "portable")]
     buckets = read_artifact(root)["buckets"]
@@ -124,7 +124,7 @@ def probabilities(family, output: np.ndarray, rows) -> np.ndarray:
 @pytest.mark.parametrize("name,variant", CASES)
 def test_one_artifact_serves_every_length_and_batch(artifacts, models, name, variant):
     exact = models(name)
-    fast = runtime.load(exact.family.ref.path, profile="max_speed", artifact=artifacts[(name, variant)], **load_kwargs(name, exact.family.ref.path))
+    fast = vllm_sr_runtime.load(exact.family.ref.path, profile="max_speed", artifact=artifacts[(name, variant)], **load_kwargs(name, exact.family.ref.path))
     rng = np.random.default_rng(0)
     for batch in (1, 8):
         for length in (1, 7, 64, 300):
@@ -140,7 +140,7 @@ def test_one_artifact_serves_every_length_and_batch(artifacts, models, name, var
 @pytest.mark.parametrize("name", ["d2_qwen3", "d2_lora", "d3"])
 def test_max_speed_answers_like_exact(artifacts, models, name):
     exact = models(name)
-    fast = runtime.load(exact.family.ref.path, profile="max_speed", artifact=artifacts[(name, "contrib")], **load_kwargs(name, exact.family.ref.path))
+    fast = vllm_sr_runtime.load(exact.family.ref.path, profile="max_speed", artifact=artifacts[(name, "contrib")], **load_kwargs(name, exact.family.ref.path))
     assert fast.card()["engine"] == "onnxruntime" and fast.card()["profile"] == "max_speed"
     questions = {
         "domain": {"type": "choice", "instructions": "Domain?", "criteria": {f"k{i}": f"option {i}" for i in range(40)}},
@@ -170,7 +170,7 @@ def test_bench_runs_the_shared_context_graph(artifacts, packages, tmp_path):
     """An artifact with the shared_context graph adds its own bench row next to eager shared_context."""
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "bench", str(packages["d3"]), "--profiles", "exact,shared_context", "--artifact",
+        [sys.executable, "-m", "vllm_sr_runtime.cli", "bench", str(packages["d3"]), "--profiles", "exact,shared_context", "--artifact",
          str(artifacts[("d3", "contrib")]), "--lengths", "300", "--questions", "4", "--repeats", "1", "--out", str(out), "--quiet"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -191,13 +191,13 @@ def test_tampered_or_foreign_artifact_is_refused(artifacts, packages, tmp_path):
     with pytest.raises(ArtifactError, match="model.onnx.data"):
         read_artifact(copy)
     with pytest.raises(ArtifactError, match="not this package"):
-        runtime.load(packages["d3_causal"], profile="max_speed", artifact=artifacts[("d3", "contrib")])
+        vllm_sr_runtime.load(packages["d3_causal"], profile="max_speed", artifact=artifacts[("d3", "contrib")])
 
 
 def test_failed_export_keeps_what_was_there(packages, artifacts, tmp_path, monkeypatch):
     import shutil
 
-    from export import smoke
+    from vllm_sr_runtime.export import smoke
 
     out = tmp_path / "kept"
     shutil.copytree(artifacts[("d3", "contrib")], out)
@@ -223,8 +223,8 @@ def test_shared_context_graph_answers_like_eager_shared(artifacts, models, name)
     assert "model.onnx.data" in locations  # one copy of the weights on disk
     assert ("com.microsoft", "LinearAttention") in all_ops(graph)
     path = models(name).family.ref.path
-    eager = runtime.load(path, profile="shared_context", shared_min_tokens=1, **load_kwargs(name, path))
-    fast = runtime.load(path, profile="shared_context", artifact=artifact, shared_min_tokens=1, **load_kwargs(name, path))
+    eager = vllm_sr_runtime.load(path, profile="shared_context", shared_min_tokens=1, **load_kwargs(name, path))
+    fast = vllm_sr_runtime.load(path, profile="shared_context", artifact=artifact, shared_min_tokens=1, **load_kwargs(name, path))
     assert fast.card()["engine"] == "onnxruntime" and fast.card()["profile"] == "shared_context"
     qs = questions()
     assert fast.plan(STATE, qs).batches[0].shared
@@ -243,7 +243,7 @@ def test_shared_context_graph_answers_like_eager_shared(artifacts, models, name)
 
 def test_shared_context_needs_the_shared_graph(artifacts, packages):
     with pytest.raises(ArtifactError, match="--shared-context"):
-        runtime.load(packages["d3"], profile="shared_context", artifact=artifacts[("d3", "portable")])
+        vllm_sr_runtime.load(packages["d3"], profile="shared_context", artifact=artifacts[("d3", "portable")])
 
 
 def _flat(answer: dict) -> dict[str, float]:
@@ -261,7 +261,7 @@ def test_int8_export_quantizes_the_matmuls(artifacts, packages, models, tmp_path
     graph = onnx.load(str(out / "model.onnx"))
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.graph.initializer}
     fp32 = [weights[n.input[1]] for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
-    module = runtime.load(packages["d3"], profile="exact").engine.module
+    module = vllm_sr_runtime.load(packages["d3"], profile="exact").engine.module
     projections = {name: p.detach().numpy() for name, p in module.named_parameters() if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight"))}
     def kept(weight: np.ndarray) -> bool:
         return any(np.array_equal(w, candidate) for w in fp32 for candidate in (weight, weight.T) if w.shape == candidate.shape)
@@ -283,11 +283,11 @@ def test_int8_export_quantizes_the_matmuls(artifacts, packages, models, tmp_path
     shared = onnx.load(str(out / "model_shared.onnx"), load_external_data=False)
     locations = {e.value for t in shared.graph.initializer for e in t.external_data if e.key == "location"}
     assert "model.onnx.data" in locations and any(t.data_type == onnx.TensorProto.INT8 and t.external_data for t in shared.graph.initializer)
-    fast = runtime.load(packages["d3"], profile="max_speed", artifact=out)
+    fast = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=out)
     assert fast.dtype == "int8"
     answer = fast.ask("Merge two sorted lists.", {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}})["q"]
     assert answer["type"] == "choice" and abs(sum(answer["probabilities"].values()) - 1) < 1e-9
-    from runtime.engines.onnxruntime import OrtEngine
+    from vllm_sr_runtime.engines.onnxruntime import OrtEngine
 
     family = models("d3").family
     feeds = family.plan("Merge two sorted lists.", {"q": {"type": "noul"}, "c": {"type": "choice", "criteria": {"a": None, "b": None}}}).batches[0].inputs
@@ -333,7 +333,7 @@ def _initializer_contents(model: onnx.ModelProto) -> "collections.Counter":
 def test_int8_weight_quantization_is_ort_quantize_data_per_channel():
     from onnxruntime.quantization.quant_utils import quantize_data
 
-    from export.int8 import quantize_per_channel
+    from vllm_sr_runtime.export.int8 import quantize_per_channel
 
     rng = np.random.default_rng(0)
     weight = rng.normal(size=(37, 11)).astype(np.float32)
@@ -350,25 +350,25 @@ def test_int8_weight_quantization_is_ort_quantize_data_per_channel():
 
 
 def test_second_open_loads_the_saved_optimized_graph(artifacts, packages, tmp_path):
-    from runtime.engines.onnxruntime.optimized_cache import OPTIMIZED_FILE
+    from vllm_sr_runtime.engines.onnxruntime.optimized_cache import OPTIMIZED_FILE
 
     cache = tmp_path / "cache"
-    first = runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")], cache_dir=cache)
+    first = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")], cache_dir=cache)
     assert first.engine.optimized_cache_use == "stored"
     saved = list((cache / "ort-optimized").glob(f"*/{OPTIMIZED_FILE}"))
     assert len(saved) == 1 and not list((cache / "ort-optimized").glob(".*"))  # published, no staging left
-    second = runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")], cache_dir=cache)
+    second = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")], cache_dir=cache)
     assert second.engine.optimized_cache_use == "hit"
     questions = {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}, "n": {"type": "noul"}}
     assert second.ask("Merge two sorted lists.", questions) == first.ask("Merge two sorted lists.", questions)
     saved[0].write_bytes(b"not a model")  # a damaged entry is replaced, never fatal
-    third = runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")], cache_dir=cache)
+    third = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")], cache_dir=cache)
     assert third.engine.optimized_cache_use == "stored"
     assert third.ask("Merge two sorted lists.", questions) == first.ask("Merge two sorted lists.", questions)
 
 
 def test_artifact_records_its_smoke_and_where_the_export_went(artifacts):
-    from export.exporter import PHASES, SHARED_PHASES
+    from vllm_sr_runtime.export.exporter import PHASES, SHARED_PHASES
 
     root = artifacts[("d3", "contrib")]
     manifest = json.loads((root / "artifact.json").read_text())
@@ -388,12 +388,12 @@ def test_artifact_records_its_smoke_and_where_the_export_went(artifacts):
 def test_streamed_graphs_equal_a_trace_with_weights(artifacts, packages, name):
     """The artifact's graphs (and the shared_context graph) are the ones torch.onnx makes from the module with
     its weights: same ops, same wiring, every weight byte-identical (so the same answers, bit for bit)."""
-    from export.exporter import build_export_module
-    from export.graph_emit import translation_table
-    from export.smoke import SMOKE_QUESTIONS, SMOKE_STATE
+    from vllm_sr_runtime.export.exporter import build_export_module
+    from vllm_sr_runtime.export.graph_emit import translation_table
+    from vllm_sr_runtime.export.smoke import SMOKE_QUESTIONS, SMOKE_STATE
     from reference_trace import assert_same_graph, reference_trace
-    from runtime.families import open_family
-    from runtime.packages.resolve import resolve_package
+    from vllm_sr_runtime.families import open_family
+    from vllm_sr_runtime.packages.resolve import resolve_package
 
     ref = resolve_package(packages[name])
     family = open_family(ref, **load_kwargs(name, packages[name]))
@@ -417,7 +417,7 @@ def test_max_speed_tells_causal_from_noncausal(artifacts, models, packages, tmp_
 
     causal_artifact = tmp_path / "causal"
     export_package(packages["d3_causal"], causal_artifact, progress=False, smoke="off")
-    noncausal = runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")])
-    causal = runtime.load(packages["d3_causal"], profile="max_speed", artifact=causal_artifact)
+    noncausal = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=artifacts[("d3", "contrib")])
+    causal = vllm_sr_runtime.load(packages["d3_causal"], profile="max_speed", artifact=causal_artifact)
     assert max_difference(noncausal, models("d3")) <= TOLERANCE and max_difference(causal, models("d3_causal")) <= TOLERANCE
     assert max_difference(noncausal, causal) > FAR

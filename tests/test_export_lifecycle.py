@@ -12,19 +12,19 @@ import onnx
 import pytest
 import torch
 
-import runtime
+import vllm_sr_runtime
 from conftest import load_kwargs
-from export.exporter import export_package
-from export.provider_checks import cuda_kernel_gaps
-from runtime.errors import ArtifactError
+from vllm_sr_runtime.export.exporter import export_package
+from vllm_sr_runtime.export.provider_checks import cuda_kernel_gaps
+from vllm_sr_runtime.errors import ArtifactError
 
 
 def test_first_use_exports_into_the_cache(packages, tmp_path):
-    model = runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path)
+    model = vllm_sr_runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path)
     made = list((tmp_path / "artifacts").glob("*/contrib-fp32/artifact.json"))
     assert len(made) == 1
     stamp = made[0].stat().st_mtime_ns
-    again = runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path)
+    again = vllm_sr_runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path)
     assert made[0].stat().st_mtime_ns == stamp  # reused, not exported again
     assert again.ask("s", {"q": {"type": "noul"}}) == model.ask("s", {"q": {"type": "noul"}})
 
@@ -33,7 +33,7 @@ def test_first_use_exports_into_the_cache(packages, tmp_path):
 def test_interrupted_export_leaves_no_artifact(packages, tmp_path, sig):
     out = tmp_path / "artifact"
     process = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "export", str(packages["d2_qwen3_5"]), "--out", str(out), "--quiet"],
+        [sys.executable, "-m", "vllm_sr_runtime.cli", "export", str(packages["d2_qwen3_5"]), "--out", str(out), "--quiet"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.time() + 240
@@ -60,7 +60,7 @@ def test_unknown_dtype_is_refused_up_front(packages, tmp_path):
 def test_concurrent_first_uses_export_once(packages, tmp_path, monkeypatch):
     import threading
 
-    from export import exporter
+    from vllm_sr_runtime.export import exporter
 
     calls = []
     real = exporter.export_family
@@ -74,7 +74,7 @@ def test_concurrent_first_uses_export_once(packages, tmp_path, monkeypatch):
 
     def first_use() -> None:
         try:
-            loaded.append(runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path))
+            loaded.append(vllm_sr_runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path))
         except Exception as exc:  # surfaced below
             errors.append(exc)
 
@@ -94,13 +94,13 @@ def test_smoke_off_records_it_and_the_artifact_still_answers(packages, models, t
     manifest = export_package(packages["d2_qwen3"], out, progress=False, smoke="off")
     assert manifest["smoke_parity"] is None
     assert manifest["smoke"]["ran"] is False and manifest["smoke"]["reason"] == "--smoke off" and manifest["smoke"]["rows"] == 0
-    fast = runtime.load(packages["d2_qwen3"], profile="max_speed", artifact=out)
+    fast = vllm_sr_runtime.load(packages["d2_qwen3"], profile="max_speed", artifact=out)
     question = {"q": {"type": "noul", "instructions": "Code?"}}
     assert abs(fast.ask("Merge two sorted lists.", question)["q"]["noul"] - models("d2_qwen3").ask("Merge two sorted lists.", question)["q"]["noul"]) <= 1e-4
 
 
 def test_too_little_disk_is_refused_before_any_work(packages, tmp_path, monkeypatch):
-    from export import disk_space
+    from vllm_sr_runtime.export import disk_space
 
     monkeypatch.setattr(disk_space, "BYTES_PER_PARAMETER", {"fp32": 1e12})
     with pytest.raises(ArtifactError, match="not enough disk space"):
@@ -110,9 +110,9 @@ def test_too_little_disk_is_refused_before_any_work(packages, tmp_path, monkeypa
 
 def test_weights_stream_in_blocks_equal_to_the_whole_tensor(packages):
     """Blocks of a few rows (or columns, transposed) concatenate to exactly the tensor the module holds."""
-    from runtime.families import open_family
-    from runtime.numerics import numerics_for
-    from runtime.packages.resolve import resolve_package
+    from vllm_sr_runtime.families import open_family
+    from vllm_sr_runtime.numerics import numerics_for
+    from vllm_sr_runtime.packages.resolve import resolve_package
 
     for name in ("d3", "d2_lora"):
         family = open_family(resolve_package(packages[name]), **load_kwargs(name, packages[name]))
@@ -156,13 +156,13 @@ def test_fp16_and_bf16_exports_keep_fp32_islands_and_type_check(packages, models
         if dtype == "fp16":
             assert manifest["smoke"]["ran"] and manifest["smoke_parity"]["decisions_changed"] == 0
             assert manifest["smoke_parity"]["max_abs_diff"] <= 1e-2
-            fast = runtime.load(packages["d3"], profile="max_speed", artifact=out).ask("Merge two sorted lists.", question)
+            fast = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=out).ask("Merge two sorted lists.", question)
             assert fast["q"]["choice"] == exact["q"]["choice"] and abs(fast["n"]["noul"] - exact["n"]["noul"]) <= 1e-2
             assert max(abs(fast["q"]["probabilities"][k] - exact["q"]["probabilities"][k]) for k in "abc") <= 1e-2
         else:
             assert not manifest["smoke"]["ran"] and "no bf16 kernels" in manifest["smoke"]["reason"]
             with pytest.raises(ArtifactError, match="is bf16; CPUExecutionProvider .* runs fp32, fp16, int8"):
-                runtime.load(packages["d3"], profile="max_speed", artifact=out)
+                vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=out)
 
 
 def test_fp16_portable_graph_runs_on_cpu_like_exact(packages, models, tmp_path):
@@ -171,7 +171,7 @@ def test_fp16_portable_graph_runs_on_cpu_like_exact(packages, models, tmp_path):
     assert not any(key.startswith("com.microsoft::") for key in manifest["op_counts"])
     assert manifest["smoke"]["ran"] and manifest["smoke_parity"]["decisions_changed"] == 0 and manifest["smoke_parity"]["max_abs_diff"] <= 1e-2
     question = {"q": {"type": "noul", "instructions": "Code?"}}
-    fast = runtime.load(packages["d2_qwen3_5"], profile="max_speed", artifact=out).ask("Merge two sorted lists.", question)
+    fast = vllm_sr_runtime.load(packages["d2_qwen3_5"], profile="max_speed", artifact=out).ask("Merge two sorted lists.", question)
     assert abs(fast["q"]["noul"] - models("d2_qwen3_5").ask("Merge two sorted lists.", question)["q"]["noul"]) <= 1e-2
     with pytest.raises(ArtifactError, match="contrib variant"):
         export_package(packages["d2_qwen3_5"], tmp_path / "portable-bf16", variant="portable", dtype="bf16", progress=False)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from runtime.fixtures.writer import write_fixture
+from vllm_sr_runtime.fixtures.writer import write_fixture
 
 SHALLOW, DEEP = 2, 8
 
@@ -21,7 +21,7 @@ def layer_parameters(hidden: int, ffn: int, heads: int, kv_heads: int, head_dim:
 
 def trace_and_write_peak(package, out, dtype: str) -> int:
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "export", str(package), "--out", str(out), "--dtype", dtype, "--smoke", "off", "--quiet"],
+        [sys.executable, "-m", "vllm_sr_runtime.cli", "export", str(package), "--out", str(out), "--dtype", dtype, "--smoke", "off", "--quiet"],
         capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

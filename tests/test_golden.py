@@ -8,12 +8,12 @@ import shutil
 
 import pytest
 
-import runtime
-from export.exporter import export_package
-from runtime.errors import VerificationError
-from runtime.fixtures.writer import write_fixture
-from runtime.golden import GOLDEN_REQUESTS, GOLDEN_SUITE, verify_golden
-from runtime.packages.files import GOLDEN_FILE
+import vllm_sr_runtime
+from vllm_sr_runtime.export.exporter import export_package
+from vllm_sr_runtime.errors import VerificationError
+from vllm_sr_runtime.fixtures.writer import write_fixture
+from vllm_sr_runtime.golden import GOLDEN_REQUESTS, GOLDEN_SUITE, verify_golden
+from vllm_sr_runtime.packages.files import GOLDEN_FILE
 from server_harness import Server
 
 
@@ -37,7 +37,7 @@ def golden_package(tmp_path_factory):
 
 def test_fixture_and_export_record_the_exact_answers_and_a_load_replays_both(golden_package, tmp_path):
     package, artifact = golden_package
-    exact = runtime.load(package)
+    exact = vllm_sr_runtime.load(package)
     recorded = json.loads((package / GOLDEN_FILE).read_text())
     assert recorded["suite"] == GOLDEN_SUITE and recorded["model_sha256"] == exact.family.package.model_sha256
     assert recorded["answers"] == [exact.ask(state, questions) for state, questions in GOLDEN_REQUESTS]
@@ -47,7 +47,7 @@ def test_fixture_and_export_record_the_exact_answers_and_a_load_replays_both(gol
 
     manifest = json.loads((artifact / "artifact.json").read_text())
     assert manifest["golden"]["suite"] == GOLDEN_SUITE and len(manifest["golden"]["answers"]) == len(GOLDEN_REQUESTS)
-    fast = runtime.load(package, profile="max_speed", artifact=artifact)
+    fast = vllm_sr_runtime.load(package, profile="max_speed", artifact=artifact)
     checked = verify_golden(fast)
     assert checked["status"] == "verified" and {c["source"] for c in checked["checks"]} == {"artifact", "package"}
     assert all(0 < c["max_abs_diff"] <= 1e-3 and c["decisions_changed"] == 0 for c in checked["checks"])  # a real replay
@@ -56,12 +56,12 @@ def test_fixture_and_export_record_the_exact_answers_and_a_load_replays_both(gol
     shutil.copytree(package, copy)
     (copy / GOLDEN_FILE).write_text(json.dumps({**recorded, "answers": off_by_far(recorded["answers"])}))
     with pytest.raises(VerificationError, match=r"golden answers \(package\) not reproduced on cpu .* decisions changed"):
-        verify_golden(runtime.load(copy))
+        verify_golden(vllm_sr_runtime.load(copy))
     (copy / GOLDEN_FILE).write_text(json.dumps({**recorded, "model_sha256": "0" * 64}))
     with pytest.raises(VerificationError, match="recorded for package 0000"):
-        verify_golden(runtime.load(copy))
+        verify_golden(vllm_sr_runtime.load(copy))
     (copy / GOLDEN_FILE).unlink()
-    assert verify_golden(runtime.load(copy))["status"] == "unverified"
+    assert verify_golden(vllm_sr_runtime.load(copy))["status"] == "unverified"
 
 
 def test_altered_artifact_golden_fails_that_model_while_the_other_serves(golden_package, tmp_path):

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from hub_server import HubServer
-from runtime.errors import PackageError
-from runtime.families import detect_family, open_family
-from runtime.packages.releases import RELEASES
-from runtime.packages.resolve import resolve_package
+from vllm_sr_runtime.errors import PackageError
+from vllm_sr_runtime.families import detect_family, open_family
+from vllm_sr_runtime.packages.releases import RELEASES
+from vllm_sr_runtime.packages.resolve import resolve_package
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
@@ -52,7 +52,7 @@ def test_unknown_revision_is_refused(hub, tmp_path):
 def test_verify_cli_downloads_into_the_cache_dir_env(hub, tmp_path):
     env = {"VLLM_SR_RUNTIME_CACHE_DIR": str(tmp_path / "cache"), "HF_ENDPOINT": hub.endpoint, "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "verify", f"synthetic/d3-tiny@{REVISION}"], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "vllm_sr_runtime.cli", "verify", f"synthetic/d3-tiny@{REVISION}"], capture_output=True, text=True, env=env
     )
     assert result.returncode == 0, result.stderr
     assert f"synthetic/d3-tiny@{REVISION}" in result.stdout
@@ -124,7 +124,7 @@ def test_documented_kai_configuration_with_its_full_commit_is_accepted(packages,
         hub.add("vllm-sr/Decision-2.0-Kai-0.6B", kai, packages["d2_qwen3"])
         env = {"VLLM_SR_RUNTIME_CACHE_DIR": str(tmp_path / "cache"), "HF_ENDPOINT": hub.endpoint, "PATH": "/usr/bin:/bin"}
         for ref in (f"vllm-sr/Decision-2.0-Kai-0.6B@{kai}", "vllm-sr/Decision-2.0-Kai-0.6B@881bee41", "vllm-sr/Decision-2.0-Kai-0.6B"):
-            result = subprocess.run([sys.executable, "-m", "runtime.cli", "verify", ref], capture_output=True, text=True, env=env)
+            result = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "verify", ref], capture_output=True, text=True, env=env)
             assert result.returncode == 0, result.stderr
             assert f"vllm-sr/Decision-2.0-Kai-0.6B@{kai}" in result.stdout
         assert not any("/commits/" in line for line in hub.requests)  # a full commit needs no listing
@@ -146,7 +146,7 @@ def test_known_identity_of_a_pinned_revision_is_checked(packages, tmp_path, capl
 @pytest.mark.parametrize("repo, revision", [(r.repo_id, r.default.revision) for r in RELEASES if r.family == "decision2"])
 def test_verify_of_each_documented_revision_offline_names_the_missing_download(repo, revision, tmp_path):
     env = {**os.environ, "VLLM_SR_RUNTIME_CACHE_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "runtime.cli", "verify", f"{repo}@{revision}", "--offline"], capture_output=True, text=True, env=env)
+    result = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "verify", f"{repo}@{revision}", "--offline"], capture_output=True, text=True, env=env)
     assert result.returncode == 1
     assert "not a pinned release" not in result.stderr and "not the pinned" not in result.stderr
     assert f"{repo}@{revision}" in result.stderr and "cache" in result.stderr, result.stderr

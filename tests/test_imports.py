@@ -9,27 +9,40 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "export", "parity")
+# folder -> the import name it installs as (one namespace over the fixed layout)
+PACKAGES = {"runtime": "vllm_sr_runtime", "export": "vllm_sr_runtime.export", "parity": "vllm_sr_runtime.parity"}
 
 
 def test_importing_every_runtime_module_loads_no_export_or_parity_module():
     code = (
-        "import importlib, pkgutil, sys, runtime\n"
-        "for info in pkgutil.walk_packages(runtime.__path__, 'runtime.'):\n"
+        "import importlib, pkgutil, sys, vllm_sr_runtime\n"
+        "for info in pkgutil.walk_packages(vllm_sr_runtime.__path__, 'vllm_sr_runtime.'):\n"
         "    importlib.import_module(info.name)\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('export', 'parity')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('vllm_sr_runtime.export', 'vllm_sr_runtime.parity'))))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('runtime', 'export', 'parity')))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
+    assert done.stdout.split("\n")[:2] == ["[]", "[]"]  # and nothing under the folders' own (generic) names
+
+
+def test_every_package_folder_installs_under_the_one_namespace():
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {name: folder for folder, name in PACKAGES.items()}
+    found = sorted(
+        ".".join([name, *init.parent.relative_to(ROOT / folder).parts]) for folder, name in PACKAGES.items() for init in (ROOT / folder).rglob("__init__.py")
+    )
+    assert sorted(setuptools["packages"]) == found
 
 
 def module_imports() -> dict[str, set[str]]:
     """module -> the package modules it imports anywhere in its source (function-level imports too)."""
     modules = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for folder, name in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [name, *path.relative_to(ROOT / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             modules[".".join(parts)] = path
@@ -82,6 +95,6 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_has_no_circle():
     graph = module_imports()
-    assert len(graph) > 80 and "export.exporter" in graph["runtime.commands.export_cmd"]  # the walk sees lazy imports
+    assert len(graph) > 80 and "vllm_sr_runtime.export.exporter" in graph["vllm_sr_runtime.commands.export_cmd"]  # the walk sees lazy imports
     assert circles(graph) == []
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail

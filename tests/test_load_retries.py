@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-import runtime
-from runtime.errors import ArtifactError, DownloadError, PackageError, is_transient
-from runtime.server import slots
-from runtime.server.config import ModelSpec, ServeConfig
-from runtime.server.slots import ModelSlot
+import vllm_sr_runtime
+from vllm_sr_runtime.errors import ArtifactError, DownloadError, PackageError, is_transient
+from vllm_sr_runtime.server import slots
+from vllm_sr_runtime.server.config import ModelSpec, ServeConfig
+from vllm_sr_runtime.server.slots import ModelSlot
 
 
 def test_transient_failures_are_told_from_final_ones():
@@ -22,19 +22,19 @@ def test_transient_failures_are_told_from_final_ones():
 
 @pytest.fixture()
 def flaky_load(monkeypatch, models):
-    """runtime.load failing with the given errors first, then returning the real tiny d3 model; sleeps recorded."""
+    """vllm_sr_runtime.load failing with the given errors first, then returning the real tiny d3 model; sleeps recorded."""
     sleeps: list[float] = []
     monkeypatch.setattr(slots.time, "sleep", sleeps.append)
 
     def install(*errors: Exception):
-        queue, real = list(errors), models("d3")  # loaded before runtime.load is replaced
+        queue, real = list(errors), models("d3")  # loaded before vllm_sr_runtime.load is replaced
 
         def load(*args, **kwargs):
             if queue:
                 raise queue.pop(0)
             return real
 
-        monkeypatch.setattr(runtime, "load", load)
+        monkeypatch.setattr(vllm_sr_runtime, "load", load)
         return sleeps
 
     return install

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from runtime.bench.media import data_url
-from runtime.errors import InvalidRequest, RequestTooLarge
-from runtime.families.decision3.media import (
+from vllm_sr_runtime.bench.media import data_url
+from vllm_sr_runtime.errors import InvalidRequest, RequestTooLarge
+from vllm_sr_runtime.families.decision3.media import (
     MediaLimits,
     decode_image,
     decode_media,
@@ -205,7 +205,7 @@ def media_host():
 
 
 def test_url_fetch_follows_the_allow_list(media_host):
-    from runtime.families.decision3.media_urls import UrlPolicy
+    from vllm_sr_runtime.families.decision3.media_urls import UrlPolicy
 
     url = f"{media_host.base}/cat.png"
     with pytest.raises(InvalidRequest, match="disabled"):

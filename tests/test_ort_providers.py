@@ -9,10 +9,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.engines.onnxruntime import open_session
-from runtime.engines.onnxruntime.io_binding import DeviceBuffers
-from runtime.engines.onnxruntime.providers import check_provider_available, provider_options, provider_start_error
-from runtime.errors import UnsupportedDeviceError
+from vllm_sr_runtime.engines.onnxruntime import open_session
+from vllm_sr_runtime.engines.onnxruntime.io_binding import DeviceBuffers
+from vllm_sr_runtime.engines.onnxruntime.providers import check_provider_available, provider_options, provider_start_error
+from vllm_sr_runtime.errors import UnsupportedDeviceError
 
 
 def tiny_model(path) -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-import runtime
+import vllm_sr_runtime
 from conftest import PACKAGE_KINDS, load_kwargs
-from runtime.errors import PackageError
-from runtime.families import detect_family
-from runtime.fixtures.writer import write_fixture
-from runtime.packages.resolve import resolve_package
+from vllm_sr_runtime.errors import PackageError
+from vllm_sr_runtime.families import detect_family
+from vllm_sr_runtime.fixtures.writer import write_fixture
+from vllm_sr_runtime.packages.resolve import resolve_package
 
 
 def open_package(path: Path, **kwargs):
@@ -166,12 +166,12 @@ def test_package_python_is_never_imported(packages, models):
 
 
 def test_verify_cli_summary_and_failure(packages, tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "runtime.cli", "verify", str(packages["d3"])], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "verify", str(packages["d3"])], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.count("\n") == 1 and ok.stdout.startswith("ok: decision3")
     pkg = copy_package(packages["d3"], tmp_path / "d3")
     flip_byte(pkg / "tokenizer.json")
-    bad = subprocess.run([sys.executable, "-m", "runtime.cli", "verify", str(pkg)], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "verify", str(pkg)], capture_output=True, text=True)
     assert bad.returncode != 0
     assert "tokenizer.json" in bad.stderr
 
@@ -186,7 +186,7 @@ def test_verify_refuses_moving_short_and_unpinned_revisions(tmp_path):
         ("someone/model", "not a built-in release"),
         ("someone/model@abcdef12", "40-hex"),
     ]:
-        result = subprocess.run([sys.executable, "-m", "runtime.cli", "verify", ref, "--offline"], capture_output=True, text=True, env=env)
+        result = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "verify", ref, "--offline"], capture_output=True, text=True, env=env)
         assert result.returncode != 0
         assert message in result.stderr, (ref, result.stderr)
 
@@ -194,9 +194,9 @@ def test_verify_refuses_moving_short_and_unpinned_revisions(tmp_path):
 def test_models_lists_every_pinned_revision_and_marks_the_default():
     import json
 
-    from runtime.packages.releases import find_release
+    from vllm_sr_runtime.packages.releases import find_release
 
-    result = subprocess.run([sys.executable, "-m", "runtime.cli", "models", "--json"], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "models", "--json"], capture_output=True, text=True, check=True)
     releases = {r["repo_id"]: r for r in json.loads(result.stdout)}
     families = [r["family"] for r in releases.values()]
     assert families.count("decision2") == 6 and families.count("decision3") == 6
@@ -210,12 +210,12 @@ def test_models_lists_every_pinned_revision_and_marks_the_default():
     assert releases["vllm-sr/Decision-2.0-Kai-0.6B"]["revisions"][1]["revision"] == "cd49ea3813fd"
     assert releases["vllm-sr/d3-nano"]["default_revision"] == "6601b4d139"
     assert find_release("d3-nano") is find_release("vllm-sr/d3-nano")
-    text = subprocess.run([sys.executable, "-m", "runtime.cli", "models"], capture_output=True, text=True, check=True).stdout
+    text = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "models"], capture_output=True, text=True, check=True).stdout
     assert "documented, default" in text and "3594047d69f4" in text
 
 
 def test_a_pin_accepts_full_commits_and_prefixes_of_its_revisions():
-    from runtime.packages.releases import find_release
+    from vllm_sr_runtime.packages.releases import find_release
 
     kai = find_release("vllm-sr/Decision-2.0-Kai-0.6B")
     assert kai.pin(None).revision.startswith("881bee41")
@@ -229,7 +229,7 @@ def test_a_pin_accepts_full_commits_and_prefixes_of_its_revisions():
 
 def test_fixture_max_length_sets_the_prompt_limit(tmp_path):
     (root,) = write_fixture("decision3", tmp_path / "p", max_length=1024)
-    model = runtime.load(root)
+    model = vllm_sr_runtime.load(root)
     assert model.family.max_input_tokens == 1024
     answers = model.ask("word " * 1500, {"q": {"type": "noul", "instructions": "ok?"}})
     assert answers["q"]["error"] == "max_length_exceeded" and "1024" in answers["q"]["message"]

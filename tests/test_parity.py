@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from export.exporter import export_package
-from parity.suite import builtin_suite, short_suite
+from vllm_sr_runtime.export.exporter import export_package
+from vllm_sr_runtime.parity.suite import builtin_suite, short_suite
 
 
 def run_parity(*args: str, perturb: float | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "runtime.cli", "parity"]
+    command = [sys.executable, "-m", "vllm_sr_runtime.cli", "parity"]
     if perturb is not None:  # the candidate's readout with seeded noise (a test-only wrapper of the same command)
         command = [sys.executable, str(Path(__file__).with_name("perturbed_parity.py")), str(perturb)]
     return subprocess.run([*command, *args, "--quiet"], capture_output=True, text=True, timeout=900)

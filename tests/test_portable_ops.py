@@ -9,9 +9,9 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
 
-from export.chunked_gdn import GraphBuilder, lower_gated_delta
-from export.provider_checks import cuda_kernel_gaps, migraphx_refusals
-from export.primitive_ops import lower_attention, lower_gather_nd, lower_gelu, lower_layer_norm, lower_rms_norm
+from vllm_sr_runtime.export.chunked_gdn import GraphBuilder, lower_gated_delta
+from vllm_sr_runtime.export.provider_checks import cuda_kernel_gaps, migraphx_refusals
+from vllm_sr_runtime.export.primitive_ops import lower_attention, lower_gather_nd, lower_gelu, lower_layer_norm, lower_rms_norm
 
 
 def run(nodes, inputs: dict[str, np.ndarray], outputs: list[str], out_type: int = TensorProto.FLOAT) -> list[np.ndarray]:
@@ -131,7 +131,7 @@ def test_cuda_kernel_check_flags_types_the_provider_has_no_kernel_for():
 
 
 def test_primitive_attention_in_query_blocks_matches_the_attention_op():
-    from export.primitive_ops import QUERY_BLOCK
+    from vllm_sr_runtime.export.primitive_ops import QUERY_BLOCK
 
     rng = np.random.default_rng(1)
     length = 2 * QUERY_BLOCK

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from runtime.families.decision2.prompt import render_question as render_d2, segments
-from runtime.families.decision3.prompt import derive_codes, render_prompt
-from runtime.families.questions import parse_questions
-from runtime.families.tokenization import load_plain_tokenizer, load_qwen2_tokenizer
+from vllm_sr_runtime.families.decision2.prompt import render_question as render_d2, segments
+from vllm_sr_runtime.families.decision3.prompt import derive_codes, render_prompt
+from vllm_sr_runtime.families.questions import parse_questions
+from vllm_sr_runtime.families.tokenization import load_plain_tokenizer, load_qwen2_tokenizer
 
 STATE = "Write a Python function that merges two sorted lists."
 D3_HEAD = (

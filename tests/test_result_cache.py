@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-import runtime
-from runtime.result_cache import ResultCache
+import vllm_sr_runtime
+from vllm_sr_runtime.result_cache import ResultCache
 
 QUESTIONS = {
     "domain": {"type": "choice", "instructions": "Domain?", "criteria": {"code": "Programming", "math": None, "law": None}},
@@ -15,7 +15,7 @@ QUESTIONS = {
 
 
 def test_a_repeated_request_is_answered_from_the_cache_identically(packages):
-    model = runtime.load(packages["d3"])
+    model = vllm_sr_runtime.load(packages["d3"])
     model.result_cache = ResultCache(64)
     first = model.respond("Merge two sorted lists.", QUESTIONS)
     second = model.respond("Merge two sorted lists.", QUESTIONS)
@@ -31,7 +31,7 @@ def test_a_repeated_request_is_answered_from_the_cache_identically(packages):
 
 def test_no_answer_crosses_models_even_through_one_cache(packages):
     shared = ResultCache(64)
-    d3, d2 = runtime.load(packages["d3"]), runtime.load(packages["d2_qwen3_5"])
+    d3, d2 = vllm_sr_runtime.load(packages["d3"]), vllm_sr_runtime.load(packages["d2_qwen3_5"])
     d3.result_cache = d2.result_cache = shared
     d3.respond("Merge two sorted lists.", {"q": QUESTIONS["hard"]})
     crossed = d2.respond("Merge two sorted lists.", {"q": QUESTIONS["hard"]})
@@ -39,7 +39,7 @@ def test_no_answer_crosses_models_even_through_one_cache(packages):
 
 
 def test_the_cache_is_bounded_least_recently_used_first(packages):
-    model = runtime.load(packages["d3"])
+    model = vllm_sr_runtime.load(packages["d3"])
     model.result_cache = ResultCache(2)
     for state in ("one", "two", "one", "three"):  # "two" is the least recently used when "three" comes
         model.respond(state, {"q": QUESTIONS["hard"]})

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from parity.selftest import gate_for
+from vllm_sr_runtime.parity.selftest import gate_for
 
 
 def test_gates_per_dtype():
@@ -18,7 +18,7 @@ def test_gates_per_dtype():
 def test_selftest_on_cpu_reports_every_check_and_fails_on_a_dtype_the_device_cannot_run(tmp_path):
     out = tmp_path / "selftest"
     command = [
-        sys.executable, "-m", "runtime.cli", "selftest", "--device", "cpu", "--out", str(out), "--fixtures", "d3",
+        sys.executable, "-m", "vllm_sr_runtime.cli", "selftest", "--device", "cpu", "--out", str(out), "--fixtures", "d3",
         "--dtypes", "fp32,bf16", "--lengths", "128", "--clients", "1,4", "--http-seconds", "1", "--questions", "12",
         "--repeats", "1", "--quiet",
     ]  # fmt: skip

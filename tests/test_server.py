@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-import runtime
+import vllm_sr_runtime
 from conftest import load_kwargs
-from export.exporter import export_package
+from vllm_sr_runtime.export.exporter import export_package
 from server_harness import Contract, Server
 
 CONTRACT = Contract()
@@ -64,7 +64,7 @@ def servers(packages, artifacts, tmp_path_factory):
 @pytest.mark.parametrize("name,profile,transport", SERVERS)
 def test_answers_match_the_in_process_api(servers, packages, artifacts, name, profile, transport):
     server = servers[(name, profile)]
-    model = runtime.load(packages[name], profile=profile, artifact=artifacts[name] if profile == "max_speed" else None)
+    model = vllm_sr_runtime.load(packages[name], profile=profile, artifact=artifacts[name] if profile == "max_speed" else None)
     for path in ("/v1/systemone", "/v1/decisions"):
         reply = checked(server, "POST", path, {"state": STATE, "questions": QUESTIONS})
         assert reply.status == 200, reply.body
@@ -245,8 +245,8 @@ def test_system_one_alias_and_repeated_served_model_names(packages, tmp_path):
 
 
 def test_the_system_one_alias_cannot_name_a_model():
-    from runtime.errors import InvalidRequest
-    from runtime.server.config import ModelSpec, check_names
+    from vllm_sr_runtime.errors import InvalidRequest
+    from vllm_sr_runtime.server.config import ModelSpec, check_names
 
     with pytest.raises(InvalidRequest, match="jev-latest"):
         check_names([ModelSpec(model="a", name="jev-latest")])

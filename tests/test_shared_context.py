@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-import runtime
+import vllm_sr_runtime
 from conftest import load_kwargs
 from server_harness import Contract, Server
 from test_batching import assert_close
@@ -32,7 +32,7 @@ def questions(count: int = 6) -> dict:
 @pytest.mark.parametrize("name", ["d2_qwen3", "d2_qwen3_5", "d2_lora", "d3_causal"])
 def test_shared_prefix_answers_like_exact(models, packages, name):
     exact = models(name)
-    shared = runtime.load(packages[name], profile="shared_context", shared_min_tokens=1, **load_kwargs(name, packages[name]))
+    shared = vllm_sr_runtime.load(packages[name], profile="shared_context", shared_min_tokens=1, **load_kwargs(name, packages[name]))
     qs = questions()
     plan = shared.plan(STATE, qs)
     assert len(plan.batches) == 1 and plan.batches[0].shared
@@ -48,7 +48,7 @@ def test_shared_prefix_answers_like_exact(models, packages, name):
 
 
 def test_break_even_keeps_plain_rows(packages, models):
-    shared = runtime.load(packages["d2_qwen3_5"], profile="shared_context")  # default threshold
+    shared = vllm_sr_runtime.load(packages["d2_qwen3_5"], profile="shared_context")  # default threshold
     exact = models("d2_qwen3_5")
     one = {"noul": questions()["noul"]}
     assert not any(b.shared for b in shared.plan(STATE, one).batches)  # one question: nothing to share
@@ -61,7 +61,7 @@ def test_break_even_keeps_plain_rows(packages, models):
 
 
 def test_invalid_questions_stay_in_place(packages):
-    shared = runtime.load(packages["d3"], profile="shared_context", shared_min_tokens=1)
+    shared = vllm_sr_runtime.load(packages["d3"], profile="shared_context", shared_min_tokens=1)
     qs = questions()
     qs["broken"] = {"type": "score", "criteria": ["same", "same"]}
     answers = shared.ask(STATE, qs)
@@ -76,7 +76,7 @@ def test_parity_shared_context(packages, tmp_path):
     for name, gate in (("d2_qwen3_5", ["--max-abs-diff", "1e-4", "--max-changed-rate", "0"]), ("d3", [])):
         out = tmp_path / name
         result = subprocess.run(
-            [sys.executable, "-m", "runtime.cli", "parity", str(packages[name]), "--profile", "shared_context", "--suite", str(suite),
+            [sys.executable, "-m", "vllm_sr_runtime.cli", "parity", str(packages[name]), "--profile", "shared_context", "--suite", str(suite),
              "--shared-min-tokens", "1", "--out", str(out), "--quiet", *gate],
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip

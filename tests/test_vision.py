@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-import runtime
-from runtime.errors import InvalidRequest
+import vllm_sr_runtime
+from vllm_sr_runtime.errors import InvalidRequest
 from server_harness import Contract, Server
 from test_media import data_url, mp4, png, png_header_only
 
@@ -47,7 +47,7 @@ def tensors(inputs: dict) -> dict:
 def test_whole_forward_matches_transformers_qwen3_5_model(packages, reference):
     """Causal fixture: transformers' Qwen3_5Model runs the same ids and pixels end to end (its processor
     hands every row its own copy of the media); our module must give the same readout."""
-    model = runtime.load(packages["d3_vision_causal"])
+    model = vllm_sr_runtime.load(packages["d3_vision_causal"])
     plan = model.plan("Describe the media.", QUESTIONS, images=[IMAGE], videos=[VIDEO])
     (batch,) = plan.batches
     inputs = tensors(batch.inputs)
@@ -79,10 +79,10 @@ def test_whole_forward_matches_transformers_qwen3_5_model(packages, reference):
 def test_segmented_tower_matches_transformers_tower(packages):
     """The traced vision module runs equal-size attention segments as one batch; reassembled, its output is
     transformers' tower output on images of two sizes and a 3-group video (grids in patches)."""
-    from export.vision_graph import SegmentedVision
-    from runtime.families.decision3.vision_segments import VisionLayout, assemble, segment_groups
+    from vllm_sr_runtime.export.vision_graph import SegmentedVision
+    from vllm_sr_runtime.families.decision3.vision_segments import VisionLayout, assemble, segment_groups
 
-    visual = runtime.load(packages["d3_vision"]).engine.module.visual
+    visual = vllm_sr_runtime.load(packages["d3_vision"]).engine.module.visual
     grid = np.array([[1, 4, 6], [1, 4, 4], [3, 4, 4], [1, 2, 2]])
     pixels = np.random.default_rng(0).standard_normal((int(grid.prod(1).sum()), 3 * 2 * 16 * 16)).astype(np.float32)
     layout = VisionLayout.of(visual)
@@ -98,9 +98,9 @@ def test_segmented_tower_matches_transformers_tower(packages):
 def test_image_patches_match_the_qwen2_vl_processor(packages):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from runtime.families.decision3.media import decode_image
+    from vllm_sr_runtime.families.decision3.media import decode_image
 
-    model = runtime.load(packages["d3_vision"])
+    model = vllm_sr_runtime.load(packages["d3_vision"])
     (batch,) = model.plan("x", {"red": QUESTIONS["red"]}, images=[IMAGE]).batches
     resized = decode_image(IMAGE)
     processor = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, do_resize=False)
@@ -110,7 +110,7 @@ def test_image_patches_match_the_qwen2_vl_processor(packages):
 
 
 def test_media_changes_answers_and_counts_visual_tokens(packages):
-    model = runtime.load(packages["d3_vision"])
+    model = vllm_sr_runtime.load(packages["d3_vision"])
     text = model.plan("Describe the media.", QUESTIONS)
     with_image = model.plan("Describe the media.", QUESTIONS, images=[IMAGE])
     image_tokens = (224 // 32) * (320 // 32)  # 200 x 300 px -> smart resize 224 x 320
@@ -128,7 +128,7 @@ def test_media_changes_answers_and_counts_visual_tokens(packages):
 def test_the_vision_tower_runs_once_per_request(packages):
     """Twenty questions are three batches of rows; they share one pass of the tower (the engine keeps the
     features of the request's pixel array) and answer as they would one by one."""
-    model = runtime.load(packages["d3_vision"])
+    model = vllm_sr_runtime.load(packages["d3_vision"])
     calls = []
     model.engine.module.visual.register_forward_hook(lambda *_: calls.append(1))
     many = {f"q{i}": QUESTIONS["red"] for i in range(20)}
@@ -144,8 +144,8 @@ def test_processor_config_with_other_patching_is_refused(packages, tmp_path):
     import json
     import shutil
 
-    from runtime.errors import PackageError
-    from runtime.families.decision3.package import verify
+    from vllm_sr_runtime.errors import PackageError
+    from vllm_sr_runtime.families.decision3.package import verify
 
     package = verify(packages["d3_vision"])
     assert package.processor_config["image_mean"] == [0.5, 0.5, 0.5]
@@ -158,9 +158,9 @@ def test_processor_config_with_other_patching_is_refused(packages, tmp_path):
 
 def test_text_only_models_refuse_media(packages):
     with pytest.raises(InvalidRequest, match="does not accept images"):
-        runtime.load(packages["d3"]).plan("x", QUESTIONS, images=[IMAGE])
+        vllm_sr_runtime.load(packages["d3"]).plan("x", QUESTIONS, images=[IMAGE])
     with pytest.raises(InvalidRequest, match="does not accept images"):
-        runtime.load(packages["d2_qwen3_5"]).plan("x", QUESTIONS, videos=[VIDEO])
+        vllm_sr_runtime.load(packages["d2_qwen3_5"]).plan("x", QUESTIONS, videos=[VIDEO])
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def post(server: Server, body: dict):
 def test_server_answers_image_and_video_requests(server, packages):
     reply = post(server, {"state": "Describe the media.", "questions": QUESTIONS, "images": [IMAGE], "videos": [VIDEO]})
     assert reply.status == 200, reply.body
-    local = runtime.load(packages["d3_vision"]).respond("Describe the media.", QUESTIONS, [IMAGE], [VIDEO])
+    local = vllm_sr_runtime.load(packages["d3_vision"]).respond("Describe the media.", QUESTIONS, [IMAGE], [VIDEO])
     assert reply.json()["usage"]["input_tokens"] == local.input_tokens
     assert reply.json()["answers"]["what"]["choice"] == local.answers["what"]["choice"]
     card = server.request("GET", "/v1/models").json()["data"][0]
@@ -229,7 +229,7 @@ def test_parity_suite_reads_media(packages, tmp_path):
     import subprocess
     import sys
 
-    from parity.suite import builtin_suite
+    from vllm_sr_runtime.parity.suite import builtin_suite
 
     suite = builtin_suite(4096, media=True)
     media = [r for r in suite if r.images or r.videos]
@@ -239,7 +239,7 @@ def test_parity_suite_reads_media(packages, tmp_path):
     (tmp_path / "media.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "parity"
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "parity", str(packages["d3_vision"]), "--profile", "batching", "--suite", str(tmp_path / "media.jsonl"),
+        [sys.executable, "-m", "vllm_sr_runtime.cli", "parity", str(packages["d3_vision"]), "--profile", "batching", "--suite", str(tmp_path / "media.jsonl"),
          "--out", str(out), "--quiet", "--max-abs-diff", "1e-5"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -251,7 +251,7 @@ def test_parity_suite_reads_media(packages, tmp_path):
 
 @pytest.fixture(scope="module")
 def vision_artifact(packages, tmp_path_factory):
-    from export.exporter import export_package
+    from vllm_sr_runtime.export.exporter import export_package
 
     artifact = tmp_path_factory.mktemp("vision-artifact") / "artifact"
     export_package(packages["d3_vision"], artifact, progress=False)
@@ -268,8 +268,8 @@ def test_max_speed_answers_media_like_exact(packages, vision_artifact):
     assert {io["name"] for io in manifest["media"]["vision"]["io"]["inputs"]} == {"pixel_values", "interp_indices", "interp_weights", "position_ids"}
     assert [io["shape"] for io in manifest["media"]["text"]["io"]["inputs"] if io["name"] == "position_ids"] == [[3, "batch", "sequence"]]
     assert manifest["media"]["text"]["weights_from_main"] > 0
-    exact = runtime.load(packages["d3_vision"])
-    fast = runtime.load(packages["d3_vision"], profile="max_speed", artifact=artifact)
+    exact = vllm_sr_runtime.load(packages["d3_vision"])
+    fast = vllm_sr_runtime.load(packages["d3_vision"], profile="max_speed", artifact=artifact)
     small = data_url("image/png", noisy_png(400, 170, seed=3))
     requests = [([IMAGE], None), (None, [VIDEO]), ([IMAGE, small], [VIDEO]), (None, None)]
     worst = 0.0
@@ -287,7 +287,7 @@ def test_artifacts_without_the_vision_graph_refuse_media(packages, vision_artifa
     import json
     import shutil
 
-    from runtime.artifacts import write_manifest
+    from vllm_sr_runtime.artifacts import write_manifest
 
     artifact = tmp_path / "artifact"
     shutil.copytree(vision_artifact, artifact)
@@ -297,7 +297,7 @@ def test_artifacts_without_the_vision_graph_refuse_media(packages, vision_artifa
             file.unlink()
     manifest["media"] = None  # as exported before the media graphs existed
     write_manifest(artifact, {key: value for key, value in manifest.items() if key != "files"})
-    fast = runtime.load(packages["d3_vision"], profile="max_speed", artifact=artifact)
+    fast = vllm_sr_runtime.load(packages["d3_vision"], profile="max_speed", artifact=artifact)
     with pytest.raises(InvalidRequest, match="cannot read images"):
         fast.plan("x", QUESTIONS, images=[IMAGE])
     assert fast.ask("x", QUESTIONS)["red"]["type"] == "noul"  # text requests are unaffected
@@ -310,11 +310,11 @@ def test_bench_forward_with_media(packages, vision_artifact, tmp_path):
     import subprocess
     import sys
 
-    from runtime.bench.media import IMAGE_SIZE, VIDEO_SIZE
+    from vllm_sr_runtime.bench.media import IMAGE_SIZE, VIDEO_SIZE
 
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "bench", str(packages["d3_vision"]), "--artifact", str(vision_artifact), "--media", "image+video",
+        [sys.executable, "-m", "vllm_sr_runtime.cli", "bench", str(packages["d3_vision"]), "--artifact", str(vision_artifact), "--media", "image+video",
          "--lengths", "100", "--questions", "1", "--repeats", "1", "--out", str(out), "--quiet"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -333,14 +333,14 @@ def test_streamed_media_graphs_equal_a_trace_with_weights(packages, vision_artif
     import onnx
     import torch
 
-    from export.exporter import build_export_module
-    from export.graph_emit import translation_table
-    from export.smoke import SMOKE_QUESTIONS, SMOKE_STATE
-    from export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision
+    from vllm_sr_runtime.export.exporter import build_export_module
+    from vllm_sr_runtime.export.graph_emit import translation_table
+    from vllm_sr_runtime.export.smoke import SMOKE_QUESTIONS, SMOKE_STATE
+    from vllm_sr_runtime.export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision
     from reference_trace import assert_same_graph, reference_trace
-    from runtime.families import open_family
-    from runtime.families.decision3.vision_segments import SEGMENT_INPUTS, VisionLayout, segment_groups
-    from runtime.packages.resolve import resolve_package
+    from vllm_sr_runtime.families import open_family
+    from vllm_sr_runtime.families.decision3.vision_segments import SEGMENT_INPUTS, VisionLayout, segment_groups
+    from vllm_sr_runtime.packages.resolve import resolve_package
 
     family = open_family(resolve_package(packages["d3_vision"]))
     module = build_export_module(family, "fp32")
@@ -365,14 +365,14 @@ def test_media_graphs_tell_causal_from_noncausal(packages, vision_artifact, tmp_
     """With an image, the causal and non-causal readings of the same weights differ far beyond the media
     graphs' tolerance, on eager and on the exported graphs alike."""
     from attention_direction import FAR, TOLERANCE, max_difference
-    from export.exporter import export_package
+    from vllm_sr_runtime.export.exporter import export_package
 
     causal_artifact = tmp_path / "causal"
     export_package(packages["d3_vision_causal"], causal_artifact, progress=False, smoke="off")
-    eager = {name: runtime.load(packages[name]) for name in ("d3_vision", "d3_vision_causal")}
+    eager = {name: vllm_sr_runtime.load(packages[name]) for name in ("d3_vision", "d3_vision_causal")}
     fast = {
-        "d3_vision": runtime.load(packages["d3_vision"], profile="max_speed", artifact=vision_artifact),
-        "d3_vision_causal": runtime.load(packages["d3_vision_causal"], profile="max_speed", artifact=causal_artifact),
+        "d3_vision": vllm_sr_runtime.load(packages["d3_vision"], profile="max_speed", artifact=vision_artifact),
+        "d3_vision_causal": vllm_sr_runtime.load(packages["d3_vision_causal"], profile="max_speed", artifact=causal_artifact),
     }
     media = {"images": [IMAGE]}
     for name in eager:

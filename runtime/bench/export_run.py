@@ -17,7 +17,7 @@ def run_export(package: str, dtype: str, *, smoke: str, variant: str, extra: lis
     with tempfile.TemporaryDirectory(prefix="vsr-bench-export-") as scratch:
         out = Path(scratch) / "artifact"
         command = [
-            sys.executable, "-m", "runtime.cli", "export", package, "--out", str(out), "--dtype", dtype,
+            sys.executable, "-m", "vllm_sr_runtime.cli", "export", package, "--out", str(out), "--dtype", dtype,
             "--variant", variant, "--smoke", smoke, "--quiet", *extra,
         ]  # fmt: skip
         log = Path(scratch) / "export.log"

@@ -86,7 +86,7 @@ def _median_seconds(graph, m: int, k: int, repeats: int) -> float:
     import onnxruntime as ort
     from onnx import helper
 
-    from runtime.engines.onnxruntime import session_options
+    from vllm_sr_runtime.engines.onnxruntime import session_options
 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     session = ort.InferenceSession(model.SerializeToString(), sess_options=session_options("cpu"), providers=["CPUExecutionProvider"])

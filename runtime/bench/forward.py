@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.bench.flops import forward_flops
+from vllm_sr_runtime.bench.flops import forward_flops
 
 FILLER = "The user asks about merging sorted lists, running time, and tests for edge cases. "
 
@@ -46,11 +46,11 @@ def run_forward(
     """With `media`, every request also carries a synthetic image and/or video; its rows' FLOPs count the
     text tower only (the vision tower's work is on top). Each row's fraction is of the ceiling its dtype
     runs against (`limits`: {"fp32": GFLOP/s, "int8": GOP/s}; one number: fp32 for every row)."""
-    from runtime.bench.flops import ceiling_for
+    from vllm_sr_runtime.bench.flops import ceiling_for
 
     if not isinstance(limits, dict):
         limits = {"fp32": float(limits)}
-    from runtime.bench.media import synthetic_media
+    from vllm_sr_runtime.bench.media import synthetic_media
 
     images, videos = synthetic_media(media)
     reference = next(iter(models.values()))

@@ -15,7 +15,7 @@ def profile_by_op(model_path: Path, inputs: dict[str, np.ndarray], runs: int = 3
     """Runs the graph `runs` times (after one unprofiled warm-up) with profiling on; rows sorted by time."""
     import onnxruntime as ort
 
-    from runtime.engines.onnxruntime import session_options
+    from vllm_sr_runtime.engines.onnxruntime import session_options
 
     options = session_options("cpu")
     with tempfile.TemporaryDirectory() as scratch:

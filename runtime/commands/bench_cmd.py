@@ -25,7 +25,7 @@ def machine() -> dict:
     import onnxruntime
     import torch
 
-    from runtime.engines.onnxruntime import cpu_threads
+    from vllm_sr_runtime.engines.onnxruntime import cpu_threads
 
     return {"cpu": model_name, "cpus_in_affinity": cpu_threads(), "platform": platform.platform(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "torch_threads": torch.get_num_threads()}
 
@@ -75,8 +75,8 @@ def plot(rows: list[dict], out: Path) -> list[str]:
 
 def profile_graphs(models: dict, length: int) -> dict:
     """Per-op-type time of every ONNX Runtime model at one prompt length (one question)."""
-    from runtime.bench.forward import request_of_length
-    from runtime.bench.ort_profile import print_profile, profile_by_op
+    from vllm_sr_runtime.bench.forward import request_of_length
+    from vllm_sr_runtime.bench.ort_profile import print_profile, profile_by_op
 
     profiles = {}
     for label, model in models.items():
@@ -97,16 +97,16 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result: dict = {"mode": args.mode, "machine": machine()}
     if args.mode == "forward":
-        import runtime
-        from runtime.bench.flops import gemm_limits
-        from runtime.bench.forward import run_forward
+        import vllm_sr_runtime
+        from vllm_sr_runtime.bench.flops import gemm_limits
+        from vllm_sr_runtime.bench.forward import run_forward
 
         profiles = [p for p in args.profiles.split(",") if p]
         artifacts = args.artifact or [None]
         models = {}
         for profile in profiles:
             for artifact in _artifacts_for(profile, artifacts):
-                model = runtime.load(
+                model = vllm_sr_runtime.load(
                     args.model, device=args.device, profile=profile, artifact=artifact, cache_dir=args.cache_dir, base_path=args.base_path
                 )
                 if profile == "shared_context" and artifact is not None:
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         if args.ort_profile:
             result["ort_profile"] = profile_graphs(models, max(lengths))
     elif args.mode == "export":
-        from runtime.bench.export_run import print_export_table, run_export
+        from vllm_sr_runtime.bench.export_run import print_export_table, run_export
 
         if not args.model:
             raise ValueError("--mode export needs a package")
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         print(out / "bench.json")
         return 0
     else:
-        from runtime.bench.http_load import run_http
+        from vllm_sr_runtime.bench.http_load import run_http
 
         if not (args.url or args.uds):
             raise ValueError("--mode http needs --url or --uds of a running server")
@@ -168,7 +168,7 @@ def _artifacts_for(profile: str, artifacts: list) -> list:
     if profile == "max_speed":
         return artifacts
     if profile == "shared_context":
-        from runtime.artifacts import ARTIFACT_FILE
+        from vllm_sr_runtime.artifacts import ARTIFACT_FILE
 
         with_graph = [a for a in artifacts if a and (json.loads((Path(a) / ARTIFACT_FILE).read_text()).get("shared_context"))]
         return [None, *with_graph]

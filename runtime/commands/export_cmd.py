@@ -7,7 +7,7 @@ import argparse
 
 
 def run(args: argparse.Namespace) -> int:
-    from export.exporter import export_package
+    from vllm_sr_runtime.export.exporter import export_package
 
     manifest = export_package(
         args.package,
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from export.exporter import DEFAULT_OPSET, DTYPES, VARIANTS
+    from vllm_sr_runtime.export.exporter import DEFAULT_OPSET, DTYPES, VARIANTS
 
     parser = sub.add_parser("export", help="export a verified package to an ONNX artifact (readout inside)")
     parser.add_argument("package", help="PATH, REPO (a pinned release) or REPO@REV")

@@ -9,14 +9,14 @@ from pathlib import Path
 
 
 def run(args: argparse.Namespace) -> int:
-    import runtime
-    from parity.compare import compare, gates, summarize
-    from parity.report import write_report
-    from parity.suite import builtin_suite, load_jsonl, short_suite
+    import vllm_sr_runtime
+    from vllm_sr_runtime.parity.compare import compare, gates, summarize
+    from vllm_sr_runtime.parity.report import write_report
+    from vllm_sr_runtime.parity.suite import builtin_suite, load_jsonl, short_suite
 
     common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
-    reference = runtime.load(args.model, profile=args.against, **common)
-    candidate = runtime.load(args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, **common)
+    reference = vllm_sr_runtime.load(args.model, profile=args.against, **common)
+    candidate = vllm_sr_runtime.load(args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, **common)
     if args.suite == "builtin":
         # Models with a vision tower also get media requests, when the candidate's engine can read them.
         media = reference.family.reads_media and candidate.reads_media

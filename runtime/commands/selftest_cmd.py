@@ -11,7 +11,7 @@ def _list(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from parity.selftest import FIXTURES, SelftestOptions, print_report, run_selftest
+    from vllm_sr_runtime.parity.selftest import FIXTURES, SelftestOptions, print_report, run_selftest
 
     fixtures = _list(args.fixtures) if args.fixtures else list(FIXTURES)
     unknown = sorted(set(fixtures) - set(FIXTURES))

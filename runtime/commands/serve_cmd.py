@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from runtime.server.config import ModelSpec, ServeConfig, check_names, load_models_file
+from vllm_sr_runtime.server.config import ModelSpec, ServeConfig, check_names, load_models_file
 
 DEFAULT_FIXTURE = "synthetic-d3-tiny"
 
@@ -19,14 +19,14 @@ def default_model(cache_dir: str | None) -> str:
     import subprocess
     import sys
 
-    from runtime.packages.resolve import default_cache_dir
+    from vllm_sr_runtime.packages.resolve import default_cache_dir
 
     target = (Path(cache_dir) if cache_dir else default_cache_dir()) / "fixtures" / DEFAULT_FIXTURE
     if not (target / "MODEL_MANIFEST.json").is_file():
         print(f"no model given: writing a tiny synthetic Decision 3.0 package to {target}", flush=True)
         code = (
-            "import sys; from pathlib import Path; from runtime.artifacts import atomic_directory; "
-            "from runtime.fixtures.writer import write_fixture\n"
+            "import sys; from pathlib import Path; from vllm_sr_runtime.artifacts import atomic_directory; "
+            "from vllm_sr_runtime.fixtures.writer import write_fixture\n"
             "with atomic_directory(Path(sys.argv[1])) as temp: write_fixture('decision3', temp, golden=True)"
         )
         subprocess.run([sys.executable, "-c", code, str(target)], check=True)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     config = build_config(args)
-    from runtime.server.gunicorn_app import ServeApplication
+    from vllm_sr_runtime.server.gunicorn_app import ServeApplication
 
     ServeApplication(config).run()
     return 0

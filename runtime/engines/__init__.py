@@ -9,6 +9,6 @@ import numpy as np
 
 class Engine(Protocol):
     name: str
-    golden: dict | None  # the exact answers of the golden suite its artifact recorded (runtime.golden), if any
+    golden: dict | None  # the exact answers of the golden suite its artifact recorded (vllm_sr_runtime.golden), if any
 
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray: ...

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.errors import PackageError
-from runtime.families.base import Family
-from runtime.packages.resolve import PackageRef
+from vllm_sr_runtime.errors import PackageError
+from vllm_sr_runtime.families.base import Family
+from vllm_sr_runtime.packages.resolve import PackageRef
 
 
 def registry() -> dict[str, type[Family]]:
-    from runtime.families.decision2.family import Decision2Family
-    from runtime.families.decision3.family import Decision3Family
+    from vllm_sr_runtime.families.decision2.family import Decision2Family
+    from vllm_sr_runtime.families.decision3.family import Decision3Family
 
     return {family.name: family for family in (Decision2Family, Decision3Family)}
 

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any, Sequence
 
-from runtime.families.questions import Question
+from vllm_sr_runtime.families.questions import Question
 
 
 def softmax(values: Sequence[float]) -> list[float]:

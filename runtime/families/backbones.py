@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from transformers import Qwen3Config, Qwen3Model, Qwen3_5TextConfig, Qwen3_5TextModel
 
-from runtime.errors import PackageError
+from vllm_sr_runtime.errors import PackageError
 
 BACKBONES = {
     "qwen3": (Qwen3Config, Qwen3Model),

@@ -10,12 +10,12 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from runtime.errors import QuestionError
-from runtime.families.answers import error_answer
-from runtime.families.questions import Question, parse_questions
-from runtime.families.weights import WeightSource
-from runtime.numerics import Numerics
-from runtime.packages.resolve import PackageRef
+from vllm_sr_runtime.errors import QuestionError
+from vllm_sr_runtime.families.answers import error_answer
+from vllm_sr_runtime.families.questions import Question, parse_questions
+from vllm_sr_runtime.families.weights import WeightSource
+from vllm_sr_runtime.numerics import Numerics
+from vllm_sr_runtime.packages.resolve import PackageRef
 
 
 @dataclass
@@ -141,7 +141,7 @@ class Family(ABC):
 
     def share(self, plan: Plan, min_saved_tokens: int) -> Plan:
         """Rewrites a plan into one shared pass when its questions share enough prefix to pay for it."""
-        from runtime.families.shared_context import common_prefix_length, worth_sharing
+        from vllm_sr_runtime.families.shared_context import common_prefix_length, worth_sharing
 
         items = [item for batch in plan.batches for item in batch.items]
         if len(items) < 2 or any(batch.media for batch in plan.batches):  # media rows run whole
@@ -163,11 +163,11 @@ class Family(ABC):
         """A request's decoded, preprocessed media (None when it has none). Families without a vision
         tower refuse media."""
         if images or videos:
-            from runtime.errors import InvalidRequest
+            from vllm_sr_runtime.errors import InvalidRequest
 
             raise InvalidRequest(f"model {self.model_name} reads text only; it does not accept images or videos")
         if images is not None and not isinstance(images, list) or videos is not None and not isinstance(videos, list):
-            from runtime.errors import InvalidRequest
+            from vllm_sr_runtime.errors import InvalidRequest
 
             raise InvalidRequest("'images' and 'videos' must be lists of data URLs")
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.errors import InvalidRequest, QuestionError
+from vllm_sr_runtime.errors import InvalidRequest, QuestionError
 
 MAX_QUESTIONS = 64
 MIN_OPTIONS, MAX_OPTIONS = 2, 255

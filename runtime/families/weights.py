@@ -18,8 +18,8 @@ import torch
 import numpy as np
 from safetensors import safe_open
 
-from runtime.errors import PackageError
-from runtime.packages.safetensors_header import safetensors_data_start, safetensors_header
+from vllm_sr_runtime.errors import PackageError
+from vllm_sr_runtime.packages.safetensors_header import safetensors_data_start, safetensors_header
 
 CHUNK_BYTES = 64 * 2**20  # what streaming holds of one weight at a time
 SAFETENSORS_DTYPES = {

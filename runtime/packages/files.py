@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from runtime.errors import PackageError
+from vllm_sr_runtime.errors import PackageError
 
 MANIFEST_NAME = "MODEL_MANIFEST.json"
 # Files a Hub checkout or cache adds that are not part of a package.

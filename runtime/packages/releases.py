@@ -2,7 +2,7 @@
 
 A release (one Hub repo) has one or more pinned revisions. The first is the default for a bare repo id:
 for Decision 2.0 the revision the runtime's documentation pins, for Decision 3.0 the registry's. Most
-revisions are public only as a prefix of their commit; `runtime.packages.revisions` resolves a prefix
+revisions are public only as a prefix of their commit; `vllm_sr_runtime.packages.revisions` resolves a prefix
 to its full commit before anything is downloaded.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from runtime.errors import PackageError
+from vllm_sr_runtime.errors import PackageError
 
 HEX = re.compile(r"^[0-9a-f]+$")
 FULL_REVISION_LENGTH = 40

@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.errors import DownloadError, PackageError
-from runtime.packages.releases import PinnedRevision, find_release
-from runtime.packages.revisions import hub_errors, resolve_commit
+from vllm_sr_runtime.errors import DownloadError, PackageError
+from vllm_sr_runtime.packages.releases import PinnedRevision, find_release
+from vllm_sr_runtime.packages.revisions import hub_errors, resolve_commit
 
 FULL_REVISION = re.compile(r"^[0-9a-f]{40}$")
 CACHE_ENV = "VLLM_SR_RUNTIME_CACHE_DIR"

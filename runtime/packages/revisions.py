@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from runtime.errors import DownloadError, PackageError
-from runtime.packages.releases import FULL_REVISION_LENGTH
+from vllm_sr_runtime.errors import DownloadError, PackageError
+from vllm_sr_runtime.packages.releases import FULL_REVISION_LENGTH
 
 log = logging.getLogger("vllm_sr_runtime.packages")
 

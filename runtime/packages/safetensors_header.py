@@ -7,7 +7,7 @@ import math
 import struct
 from pathlib import Path
 
-from runtime.errors import PackageError
+from vllm_sr_runtime.errors import PackageError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 

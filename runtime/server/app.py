@@ -17,11 +17,11 @@ import falcon
 import orjson
 import yaml
 
-from runtime.errors import InvalidRequest, ModelNotFound, NotReady, RequestTooLarge, RuntimeServiceError
-from runtime.families.answers import error_answer
-from runtime.server import metrics
-from runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
-from runtime.server.slots import ModelSlot
+from vllm_sr_runtime.errors import InvalidRequest, ModelNotFound, NotReady, RequestTooLarge, RuntimeServiceError
+from vllm_sr_runtime.families.answers import error_answer
+from vllm_sr_runtime.server import metrics
+from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
+from vllm_sr_runtime.server.slots import ModelSlot
 
 log = logging.getLogger("vllm_sr_runtime.server")
 BODY_FIELDS = {"model", "state", "questions", "options", "images", "videos"}
@@ -36,7 +36,7 @@ def _json(resp: falcon.Response, status: int, body: Any) -> None:
     resp.data = orjson.dumps(body)
 
 
-OPENAPI = yaml.safe_load(resources.files("runtime.server").joinpath("openapi.yaml").read_text())
+OPENAPI = yaml.safe_load(resources.files("vllm_sr_runtime.server").joinpath("openapi.yaml").read_text())
 DISCARD_BYTES = 64 * 1024 * 1024  # how much of an over-limit body is read and dropped before answering 413
 
 

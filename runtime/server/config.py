@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from runtime.errors import InvalidRequest
-from runtime.packages.resolve import parse_model_ref
+from vllm_sr_runtime.errors import InvalidRequest
+from vllm_sr_runtime.packages.resolve import parse_model_ref
 
 SYSTEM_ONE_ALIAS = "jev-latest"  # the System One name of "the default model": the first one served
 DEFAULT_MAX_REQUEST_BYTES = 48 * 1024 * 1024  # a realistic video as a base64 data URL (the reference runtime's limit)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from gunicorn.app.base import BaseApplication
 
-from runtime.errors import InvalidRequest
-from runtime.server.config import ServeConfig
+from vllm_sr_runtime.errors import InvalidRequest
+from vllm_sr_runtime.server.config import ServeConfig
 
 
 def prepare_uds(path: str) -> str:
@@ -83,8 +83,8 @@ class ServeApplication(BaseApplication):
     def load(self):
         """Runs in each worker after fork. Models load before the worker accepts connections, so a replaced
         worker never answers 503 while its siblings serve; a heartbeat keeps gunicorn from timing it out."""
-        from runtime.server.app import create_app
-        from runtime.server.slots import ModelSlot
+        from vllm_sr_runtime.server.app import create_app
+        from vllm_sr_runtime.server.slots import ModelSlot
 
         logging.basicConfig(level=self.config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         names = [spec.served_name() for spec in self.config.models]

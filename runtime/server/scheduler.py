@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from runtime.errors import Overloaded
-from runtime.families.base import Plan
-from runtime.model import DecisionModel, Response
+from vllm_sr_runtime.errors import Overloaded
+from vllm_sr_runtime.families.base import Plan
+from vllm_sr_runtime.model import DecisionModel, Response
 
 
 @dataclass

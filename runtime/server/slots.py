@@ -7,9 +7,9 @@ import logging
 import time
 from typing import Any
 
-from runtime.server import metrics
-from runtime.server.config import ModelSpec, ServeConfig
-from runtime.server.scheduler import Scheduler
+from vllm_sr_runtime.server import metrics
+from vllm_sr_runtime.server.config import ModelSpec, ServeConfig
+from vllm_sr_runtime.server.scheduler import Scheduler
 
 log = logging.getLogger("vllm_sr_runtime.server")
 WARMUP_QUESTIONS = {"warmup": {"type": "noul", "instructions": "Is this a warm-up request?"}}
@@ -32,8 +32,8 @@ class ModelSlot:
 
     def load(self) -> None:
         """Load and warm the model, retrying transient failures with back-off; the last failure is final."""
-        from runtime.errors import is_transient
-        from runtime.server.config import MAX_LOAD_RETRY_SECONDS
+        from vllm_sr_runtime.errors import is_transient
+        from vllm_sr_runtime.server.config import MAX_LOAD_RETRY_SECONDS
 
         attempts, wait = max(1, self.config.load_attempts), self.config.load_retry_seconds
         for attempt in range(1, attempts + 1):
@@ -57,10 +57,10 @@ class ModelSlot:
             return
 
     def _load_once(self):
-        import runtime
+        import vllm_sr_runtime
 
         self.state = "loading"
-        model = runtime.load(
+        model = vllm_sr_runtime.load(
             self.spec.model,
             device=self.spec.device or self.config.device,
             profile=self.profile,
@@ -79,7 +79,7 @@ class ModelSlot:
                 "or use exact, batching or max_speed"
             )
         if hasattr(model.family, "url_policy"):
-            from runtime.families.decision3.media_urls import UrlPolicy
+            from vllm_sr_runtime.families.decision3.media_urls import UrlPolicy
 
             model.family.url_policy = UrlPolicy(
                 tuple(self.config.media_url_allow), self.config.media_url_allow_private, self.config.media_url_timeout_s
@@ -88,7 +88,7 @@ class ModelSlot:
         first, second = model.ask("warm-up", WARMUP_QUESTIONS), model.ask("warm-up", WARMUP_QUESTIONS)
         if first != second or "error" in first["warmup"]:
             raise RuntimeError(f"warm-up answers are not deterministic and well-formed: {first} vs {second}")
-        from runtime.golden import verify_golden
+        from vllm_sr_runtime.golden import verify_golden
 
         model.golden = verify_golden(model)  # a mismatch fails this model (never retried); the others serve
         if model.golden["status"] != "verified":
@@ -98,7 +98,7 @@ class ModelSlot:
     def _serve(self, model) -> None:
         self.reason = None
         if self.config.result_cache_entries > 0:  # a new cache per load: nothing survives a reload
-            from runtime.result_cache import ResultCache
+            from vllm_sr_runtime.result_cache import ResultCache
 
             def count(hits: int, misses: int) -> None:
                 metrics.RESULT_CACHE.labels(model=self.name, outcome="hit").inc(hits)
@@ -106,7 +106,7 @@ class ModelSlot:
 
             model.result_cache = ResultCache(self.config.result_cache_entries, on_record=count)
         labels = {"model": self.name, "profile": self.profile}
-        from runtime.profiles import served_profiles
+        from vllm_sr_runtime.profiles import served_profiles
 
         self.profiles = served_profiles(self.profile) if model.engine.name == "torch" else [self.profile]
         self.scheduler = Scheduler(
@@ -151,7 +151,7 @@ class ModelSlot:
         return status
 
     def card(self) -> dict:
-        from runtime.families.questions import MAX_LEVELS, MAX_OPTIONS, MAX_QUESTIONS, MIN_LEVELS, MIN_OPTIONS
+        from vllm_sr_runtime.families.questions import MAX_LEVELS, MAX_OPTIONS, MAX_QUESTIONS, MIN_LEVELS, MIN_OPTIONS
 
         base = {
             "id": self.name, "object": "model", "aliases": list(self.aliases), "ready": self.ready, "status": self.state,

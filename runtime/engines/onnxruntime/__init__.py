@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.engines.onnxruntime.providers import check_provider_available, provider_options, provider_start_error
-from runtime.errors import ArtifactError, UnsupportedDeviceError
+from vllm_sr_runtime.engines.onnxruntime.providers import check_provider_available, provider_options, provider_start_error
+from vllm_sr_runtime.errors import ArtifactError, UnsupportedDeviceError
 
 # Artifact dtypes each device kind's provider has kernels for (ORT's CPU provider implements no bf16 Mul or
 # MatMul; the CUDA provider's contrib GDN kernels take float, float16 and bfloat16).
@@ -50,7 +50,7 @@ class OrtEngine:
         # On a GPU: inputs in kept device buffers, the output bound on the device (CUDA) and copied back alone.
         self.buffers = None
         if device_kind == "cuda":
-            from runtime.engines.onnxruntime.io_binding import DeviceBuffers
+            from vllm_sr_runtime.engines.onnxruntime.io_binding import DeviceBuffers
 
             self.buffers = DeviceBuffers("cuda", device_index or 0)
         self.shared_session = None  # the shared_context graph, when attached
@@ -72,7 +72,7 @@ class OrtEngine:
         """`buckets` (the manifest's, for graphs with static sequence lengths): one graph per length next to
         `model_path`; on a GPU every graph is opened (compiled) now, on CPU each on first use."""
         if buckets:
-            from runtime.engines.onnxruntime.static_lengths import StaticLengthSessions
+            from vllm_sr_runtime.engines.onnxruntime.static_lengths import StaticLengthSessions
 
             session = StaticLengthSessions(
                 model_path.parent, buckets, lambda path: open_session(path, device_kind, device_index, optimized_cache)[0]
@@ -92,7 +92,7 @@ class OrtEngine:
 
     def attach_media(self, vision_path: Path, text_path: Path, layout) -> None:
         """Open the artifact's vision graph and media text graph (requests with images/videos)."""
-        from runtime.engines.onnxruntime.media import MediaGraphs
+        from vllm_sr_runtime.engines.onnxruntime.media import MediaGraphs
 
         vision, text = (open_session(path, self.device_kind, self.device_index, self.optimized_cache)[0] for path in (vision_path, text_path))
         self.media = MediaGraphs(vision, text, layout, self.output_name)
@@ -120,7 +120,7 @@ def open_session(model_path: Path, device_kind: str, device_index: int | None, o
     device-specific nodes), the first open saves ORT's optimized graph there and later opens load it."""
     import onnxruntime as ort
 
-    from runtime.engines.onnxruntime.optimized_cache import cache_key, cached_model, open_and_save
+    from vllm_sr_runtime.engines.onnxruntime.optimized_cache import cache_key, cached_model, open_and_save
 
     provider = check_provider_available(device_kind, ort.get_available_providers())
     options_for_provider = provider_options(device_kind, device_index)

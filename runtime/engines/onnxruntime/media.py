@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.engines.feature_memo import FeatureMemo
-from runtime.families.decision3.vision_segments import VisionLayout, assemble, segment_groups
+from vllm_sr_runtime.engines.feature_memo import FeatureMemo
+from vllm_sr_runtime.families.decision3.vision_segments import VisionLayout, assemble, segment_groups
 
 
 class MediaGraphs:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.devices import Device
-from runtime.engines.onnxruntime import DEVICE_DTYPES, OrtEngine
-from runtime.engines.onnxruntime.providers import PROVIDERS
-from runtime.artifacts import read_artifact, registered_exporter
-from runtime.errors import ArtifactError
-from runtime.families.base import Family
-from runtime.packages.resolve import default_cache_dir
+from vllm_sr_runtime.devices import Device
+from vllm_sr_runtime.engines.onnxruntime import DEVICE_DTYPES, OrtEngine
+from vllm_sr_runtime.engines.onnxruntime.providers import PROVIDERS
+from vllm_sr_runtime.artifacts import read_artifact, registered_exporter
+from vllm_sr_runtime.errors import ArtifactError
+from vllm_sr_runtime.families.base import Family
+from vllm_sr_runtime.packages.resolve import default_cache_dir
 
 
 def default_variant(device: Device) -> str:
@@ -80,7 +80,7 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
         engine.attach_shared(artifact / shared["model_file"])
     media = manifest.get("media")
     if media:
-        from runtime.families.decision3.vision_segments import VisionLayout
+        from vllm_sr_runtime.families.decision3.vision_segments import VisionLayout
 
         engine.attach_media(artifact / media["vision"]["model_file"], artifact / media["text"]["model_file"], VisionLayout(**media["vision"]["layout"]))
     engine.artifact = manifest

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from runtime.errors import UnsupportedDeviceError
+from vllm_sr_runtime.errors import UnsupportedDeviceError
 
 
 @dataclass(frozen=True)

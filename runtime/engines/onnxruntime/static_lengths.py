@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from runtime.errors import ArtifactError
+from vllm_sr_runtime.errors import ArtifactError
 
 SEQUENCE_AXIS = 1  # rows are [batch, sequence]
 

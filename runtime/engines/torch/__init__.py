@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.engines.feature_memo import VISION_INPUTS, FeatureMemo
+from vllm_sr_runtime.engines.feature_memo import VISION_INPUTS, FeatureMemo
 
 
 class TorchEngine:

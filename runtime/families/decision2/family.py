@@ -10,19 +10,19 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from runtime.errors import PackageError
-from runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
-from runtime.families.base import Batch, Family
-from runtime.families.decision2 import package as pkg
-from runtime.families.decision2.prompt import ROW_MULTIPLE, RenderedQuestion, batch_rows, render_question
-from runtime.families.decision2.readout import CandidateHead, answer_from_logits
-from runtime.families.questions import Question
-from runtime.families.shared_context import continue_from_prefix, suffix_arrays
-from runtime.families.tokenization import load_plain_tokenizer, pad_token_id
-from runtime.families.weights import LoraDelta, WeightSource, meta_tensors, tensor_index
-from runtime.numerics import Numerics
-from runtime.packages.files import read_json
-from runtime.packages.resolve import PackageRef, resolve_package
+from vllm_sr_runtime.errors import PackageError
+from vllm_sr_runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
+from vllm_sr_runtime.families.base import Batch, Family
+from vllm_sr_runtime.families.decision2 import package as pkg
+from vllm_sr_runtime.families.decision2.prompt import ROW_MULTIPLE, RenderedQuestion, batch_rows, render_question
+from vllm_sr_runtime.families.decision2.readout import CandidateHead, answer_from_logits
+from vllm_sr_runtime.families.questions import Question
+from vllm_sr_runtime.families.shared_context import continue_from_prefix, suffix_arrays
+from vllm_sr_runtime.families.tokenization import load_plain_tokenizer, pad_token_id
+from vllm_sr_runtime.families.weights import LoraDelta, WeightSource, meta_tensors, tensor_index
+from vllm_sr_runtime.numerics import Numerics
+from vllm_sr_runtime.packages.files import read_json
+from vllm_sr_runtime.packages.resolve import PackageRef, resolve_package
 
 # Rows of one forward pass are split only above this many padded tokens (FLA's 2^30-element q/k/v limit
 # is far above anything a CPU runs; this bounds activation memory instead).

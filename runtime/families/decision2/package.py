@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.errors import PackageError
-from runtime.packages.files import MANIFEST_NAME, canonical_json, check_inventory, read_json, sha256_bytes, sha256_file
-from runtime.packages.safetensors_header import safetensors_element_count
+from vllm_sr_runtime.errors import PackageError
+from vllm_sr_runtime.packages.files import MANIFEST_NAME, canonical_json, check_inventory, read_json, sha256_bytes, sha256_file
+from vllm_sr_runtime.packages.safetensors_header import safetensors_element_count
 
 MANIFEST_SCHEMA = "dev2-package-manifest/1"
 POINTER_FIELDS = {"decision_format": "vllm-sr-decision", "format_version": 2, "package_schema": "dev2-package/1"}
@@ -166,7 +166,7 @@ def _check_decision_config(config: dict, profile: str) -> None:
 
 
 def _check_head(root: Path) -> None:
-    from runtime.packages.safetensors_header import safetensors_header
+    from vllm_sr_runtime.packages.safetensors_header import safetensors_header
 
     header = safetensors_header(root / "decision_head.safetensors", "decision_head.safetensors")
     if set(header) != HEAD_TENSORS:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from runtime.errors import QuestionError
-from runtime.families.questions import Question
+from vllm_sr_runtime.errors import QuestionError
+from vllm_sr_runtime.families.questions import Question
 
 PROMPT_VERSION = "decision2-segmented-options-global-query-v1"
 SUFFIX = "\n\nSelect the single option best supported by the context and instructions.\nDecision:"

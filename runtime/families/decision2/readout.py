@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.families.answers import build_answer, softmax
-from runtime.families.questions import Question
+from vllm_sr_runtime.families.answers import build_answer, softmax
+from vllm_sr_runtime.families.questions import Question
 
 TIE_TOLERANCE = 1e-8
 

@@ -10,22 +10,22 @@ import torch
 from safetensors.torch import load_file
 from transformers.masking_utils import create_recurrent_attention_mask
 
-from runtime.errors import InvalidRequest, PackageError
-from runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
-from runtime.families.base import Batch, Family
-from runtime.families.decision3 import package as pkg
-from runtime.families.decision3.media import DecodedImage, DecodedVideo, MediaLimits, decode_media, pair_timestamps
-from runtime.families.decision3.media_urls import UrlPolicy
-from runtime.families.decision3.prompt import BATCH_SIZE, NUM_CODES, RenderedQuestion, batch_rows, derive_codes, media_rows, render_question
-from runtime.families.decision3.vision import VisionInputs, mrope_positions, prepare
-from runtime.families.decision3.readout import CodeReadout, answer_from_probabilities
-from runtime.families.questions import Question
-from runtime.families.shared_context import continue_from_prefix, suffix_arrays
-from runtime.families.tokenization import load_qwen2_tokenizer, pad_token_id
-from runtime.families.weights import TensorRef, WeightSource, meta_tensors, parameters_on_meta, tensor_index
-from runtime.numerics import Numerics
-from runtime.packages.files import sha256_file
-from runtime.packages.resolve import PackageRef
+from vllm_sr_runtime.errors import InvalidRequest, PackageError
+from vllm_sr_runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
+from vllm_sr_runtime.families.base import Batch, Family
+from vllm_sr_runtime.families.decision3 import package as pkg
+from vllm_sr_runtime.families.decision3.media import DecodedImage, DecodedVideo, MediaLimits, decode_media, pair_timestamps
+from vllm_sr_runtime.families.decision3.media_urls import UrlPolicy
+from vllm_sr_runtime.families.decision3.prompt import BATCH_SIZE, NUM_CODES, RenderedQuestion, batch_rows, derive_codes, media_rows, render_question
+from vllm_sr_runtime.families.decision3.vision import VisionInputs, mrope_positions, prepare
+from vllm_sr_runtime.families.decision3.readout import CodeReadout, answer_from_probabilities
+from vllm_sr_runtime.families.questions import Question
+from vllm_sr_runtime.families.shared_context import continue_from_prefix, suffix_arrays
+from vllm_sr_runtime.families.tokenization import load_qwen2_tokenizer, pad_token_id
+from vllm_sr_runtime.families.weights import TensorRef, WeightSource, meta_tensors, parameters_on_meta, tensor_index
+from vllm_sr_runtime.numerics import Numerics
+from vllm_sr_runtime.packages.files import sha256_file
+from vllm_sr_runtime.packages.resolve import PackageRef
 
 # Chat templates the d3 prompt renderer reproduces, by SHA-256 (prefixes for the released ones).
 KNOWN_CHAT_TEMPLATES = {

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.errors import InvalidRequest, RequestTooLarge
-from runtime.families.decision3.media_urls import UrlPolicy, fetch
+from vllm_sr_runtime.errors import InvalidRequest, RequestTooLarge
+from vllm_sr_runtime.families.decision3.media_urls import UrlPolicy, fetch
 
 IMAGE_MIME = {"image/png": "PNG", "image/jpeg": "JPEG", "image/webp": "WEBP"}
 VIDEO_MIME = ("video/mp4", "video/webm", "video/quicktime", "video/x-matroska")

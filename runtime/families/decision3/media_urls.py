@@ -15,7 +15,7 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from runtime.errors import InvalidRequest, RequestTooLarge
+from vllm_sr_runtime.errors import InvalidRequest, RequestTooLarge
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from runtime.errors import PackageError
-from runtime.packages.files import MANIFEST_NAME, canonical_json, check_inventory, read_json, sha256_bytes, sha256_file
-from runtime.packages.safetensors_header import safetensors_header
+from vllm_sr_runtime.errors import PackageError
+from vllm_sr_runtime.packages.files import MANIFEST_NAME, canonical_json, check_inventory, read_json, sha256_bytes, sha256_file
+from vllm_sr_runtime.packages.safetensors_header import safetensors_header
 
 MANIFEST_SCHEMA = "d3-package-manifest/1"
 FORMAT_ID = "d3-code-readout-v1"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.families.answers import build_answer, renormalize
-from runtime.families.questions import Question
+from vllm_sr_runtime.families.answers import build_answer, renormalize
+from vllm_sr_runtime.families.questions import Question
 
 TIE_TOLERANCE = 0.0  # first option on exact ties
 

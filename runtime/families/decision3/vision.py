@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.families.decision3.media import MERGE, PATCH, TEMPORAL, DecodedImage, DecodedVideo
+from vllm_sr_runtime.families.decision3.media import MERGE, PATCH, TEMPORAL, DecodedImage, DecodedVideo
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
 

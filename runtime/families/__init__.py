@@ -10,10 +10,11 @@ from vllm_sr_runtime.packages.resolve import PackageRef
 
 
 def registry() -> dict[str, type[Family]]:
-    from vllm_sr_runtime.families.decision2.family import Decision2Family
-    from vllm_sr_runtime.families.decision3.family import Decision3Family
+    """The installed family plugins (entry point group vllm_sr_runtime.families), built-ins included."""
+    from vllm_sr_runtime.plugins import installed
 
-    return {family.name: family for family in (Decision2Family, Decision3Family)}
+    plugins = installed("family")
+    return {name: plugins.get(name) for name in plugins.names()}
 
 
 def detect_family(root: Path) -> type[Family]:

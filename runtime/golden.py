@@ -77,15 +77,13 @@ def replay_golden(recorded: dict, ask: Callable[[Any, dict], dict], source: str,
         got = ask(state, questions)
         for key, answer in expected.items():
             count += 1
-            if "error" in answer or "error" in got.get(key, {"error": True}):
-                changed += int(answer != got.get(key))
+            now = got.get(key, {"error": "missing"})
+            if "error" in answer or "error" in now or answer.get("probabilities", {}).keys() != now.get("probabilities", {}).keys():
+                changed += int(answer != now)
                 continue
-            if answer.get("probabilities", {}).keys() != got[key].get("probabilities", {}).keys():
-                changed += 1
-                continue
-            # JSON files may hold the options in another order (sorted keys): compare option by option
-            ordered = {**answer, "probabilities": {option: answer["probabilities"][option] for option in got[key].get("probabilities", {})}}
-            a, b = np.array(answer_distribution(ordered if "probabilities" in answer else answer)), np.array(answer_distribution(got[key]))
+            if "probabilities" in answer:  # JSON files may hold the options in another order (sorted keys)
+                answer = {**answer, "probabilities": {option: answer["probabilities"][option] for option in now["probabilities"]}}
+            a, b = np.array(answer_distribution(answer)), np.array(answer_distribution(now))
             worst = max(worst, float(np.max(np.abs(a - b))))
             changed += int(np.argmax(a) != np.argmax(b))
     return GoldenCheck(source, count, worst, changed, tolerance)

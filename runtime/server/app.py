@@ -218,7 +218,7 @@ class Server:
         started = time.perf_counter()
         body = self.read_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes)
         tasks, default_deadline = self.validate_bundle(body)
-        calls: list = []
+        queued: list[tuple[Call, Any] | dict] = []  # a call on its way, or the task's result when it failed first
         for task in tasks:
             try:
                 size = len(orjson.dumps(task["body"]))
@@ -227,21 +227,18 @@ class Server:
                 if not isinstance(task["body"], dict):
                     raise InvalidRequest("request body must be a JSON object")
                 call = self.prepare(task["body"], started, default_deadline)
-                calls.append((call, self.submit(call)))
+                queued.append((call, self.submit(call)))
             except Exception as exc:  # the task's own error, as it would be answered alone
-                calls.append(error_response(exc))
+                queued.append(error_result(exc))
         results = []
-        for entry in calls:
-            if isinstance(entry, tuple) and isinstance(entry[0], Call):
-                try:
-                    payload, _ = self.finish(*entry)
-                    results.append({"status": 200, "body": payload})
-                except Exception as exc:
-                    status, envelope = error_response(exc)
-                    results.append({"status": status, "body": envelope})
-            else:
-                status, envelope = entry
-                results.append({"status": status, "body": envelope})
+        for entry in queued:
+            if isinstance(entry, dict):
+                results.append(entry)
+                continue
+            try:
+                results.append({"status": 200, "body": self.finish(*entry)[0]})
+            except Exception as exc:
+                results.append(error_result(exc))
         metrics.BUNDLE_TASKS.observe(len(tasks))
         for result, task in zip(results, tasks):
             metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
@@ -369,6 +366,12 @@ def error_response(error: Exception) -> tuple[int, dict]:
         return error.status_code, {"error": {"code": code, "message": error.title + (f": {error.description}" if error.description else "")}}
     log.exception("internal error: %s", error)
     return 500, {"error": {"code": "internal_error", "message": f"{type(error).__name__}: the server failed on this request"}}
+
+
+def error_result(error: Exception) -> dict:
+    """A bundle task's result for an error: the status and envelope it would get alone."""
+    status, envelope = error_response(error)
+    return {"status": status, "body": envelope}
 
 
 def _handle_error(req: falcon.Request, resp: falcon.Response, error: Exception, params) -> None:

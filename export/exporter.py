@@ -21,11 +21,11 @@ from vllm_sr_runtime.export.phases import PhaseClock
 from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, plan_smoke, smoke_parity
 from vllm_sr_runtime.export.static_graphs import check_cuda_kernels, static_sequence_lengths, write_static_graphs
 from vllm_sr_runtime.export.streaming import StreamedModule, trace
-from vllm_sr_runtime.engines.onnxruntime import DEVICE_DTYPES
+from vllm_sr_runtime.accelerators import CUDA
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.base import Family
-from vllm_sr_runtime.numerics import Numerics, numerics_for
+from vllm_sr_runtime.numerics import Numerics
 from vllm_sr_runtime.packages.resolve import resolve_package
 
 VARIANTS = ("contrib", "portable")
@@ -83,6 +83,9 @@ def export_family(
     against eager, its own phase; auto runs it when the eager model and one ORT session fit in the
     memory that is free. The portable variant holds one graph per static sequence length (`lengths`,
     default: powers of two from 128 to the package's longest prompt); rows are padded to the next one."""
+    if family.export_spec is None:
+        raise ArtifactError(f"family {family.name} declares no export (its ExportSpec): it runs on its own engines only")
+    towers = family.export_spec.quantized_towers
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}")
     if dtype not in DTYPES:
@@ -113,14 +116,15 @@ def export_family(
         skeleton = build_export_module(family, dtype, weights=False)
         streamed = StreamedModule.of(skeleton, family.weight_sources(_numerics(family, dtype)))
         sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
-        gdn = gdn_dims(skeleton)
+        config = family.backbone_config()
+        gdn = gdn_dims(config)
         bar.update()
         phase("trace")
-        traced = trace(streamed, skeleton, sample, opset, family.input_names, family.dynamic_axes, family.output_name, translation_table(skeleton))
+        traced = trace(streamed, skeleton, sample, opset, family.input_names, family.dynamic_axes, family.output_name, translation_table(config))
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress)
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers)
             reuse = main_weights["index"]
             buckets = write_static_graphs(proto, temp, family, gdn, static_lengths, MODEL_FILE) if static_lengths else None
             del traced, proto
@@ -133,7 +137,7 @@ def export_family(
             counts = op_counts(onnx.load(str(temp / MODEL_FILE), load_external_data=False))
             if variant == "portable" and any(key.startswith("com.microsoft::") for key in counts):
                 raise ArtifactError("portable graph still holds com.microsoft nodes")
-            cuda_check = check_cuda_kernels(temp / MODEL_FILE) if variant == "contrib" and dtype in DEVICE_DTYPES["cuda"] else None
+            cuda_check = check_cuda_kernels(temp / MODEL_FILE) if variant == "contrib" and dtype in CUDA.artifact_dtypes else None
             bar.update()
             phase("session")
             engine = None
@@ -182,11 +186,11 @@ def _export_shared(context: ExportContext) -> dict:
     inputs = plan.batches[0].inputs
     module = context.streamed.module
     traced = trace(
-        context.streamed, module, inputs, context.opset, family.shared_input_names, family.shared_dynamic_axes, family.output_name, translation_table(module), "forward_shared"
+        context.streamed, module, inputs, context.opset, family.shared_input_names, family.shared_dynamic_axes, family.output_name, translation_table(family.backbone_config()), "forward_shared"
     )  # fmt: skip
     context.step()
     phase("shared write")
-    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
     del model, traced
@@ -210,19 +214,14 @@ def _export_shared(context: ExportContext) -> dict:
 def _numerics(family: Family, dtype: str = "fp32") -> Numerics:
     """The CPU policy (FP32), with the backbone's parameters (and so its compute) in `dtype` for fp16/bf16;
     what the policy keeps FP32 (gates and decay, norm statistics, the readout and its softmax) stays FP32."""
-    numerics = numerics_for(family.name, "cpu")
+    numerics = family.numerics("cpu")
     return dataclasses.replace(numerics, parameter_dtype=DTYPES[dtype]) if dtype in ("fp16", "bf16") else numerics
 
 
 def build_export_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:
     """The module the graphs are traced from: without `weights` its parameters are meta tensors (the trace
     needs shapes only; `Family.weight_sources` says where each weight is read from when it is written)."""
-    if hasattr(family, "merge_adapter"):
-        family.merge_adapter = True  # LoRA merged into the base weights: one plain graph
-    module = family.build_module(_numerics(family, dtype), torch.device("cpu"), weights=weights)
-    if hasattr(module, "full_mask_over_queries"):
-        module.full_mask_over_queries = True
-    return module.eval()
+    return family.export_module(_numerics(family, dtype), weights=weights)
 
 
 def _version(name: str) -> str | None:

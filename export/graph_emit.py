@@ -9,7 +9,7 @@ import onnx
 import torch
 
 from vllm_sr_runtime.export.graph_passes import cast_mixed_rms_norms, trim_contrib_outputs
-from vllm_sr_runtime.export.int8 import quantize_matmuls
+from vllm_sr_runtime.export.int8 import quantize_matmuls, stays_fp32
 from vllm_sr_runtime.export.streaming import TracedGraph, write_graph
 
 IO_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
@@ -24,12 +24,14 @@ def emit_graph(
     *,
     progress: bool = False,
     reuse: dict | None = None,
+    quantized_towers: tuple[str, ...] = (),
 ) -> tuple[onnx.ModelProto, dict]:
     """Quantize the graph's MatMuls for int8 (each weight quantized when it is written), stream its
     weights into `data_file` (or point them at the main graph's, where `reuse` has them), apply the graph
-    passes, and save it as `file`. Returns the graph (external references) and weight counts."""
+    passes, and save it as `file`. Returns the graph (external references) and weight counts. Under int8 only
+    the `quantized_towers` (the family's ExportSpec) are quantized."""
     if dtype == "int8":
-        quantize_matmuls(traced)
+        quantize_matmuls(traced, lambda name: stays_fp32(name, quantized_towers))
     proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=reuse)
     trim_contrib_outputs(proto)
     cast_mixed_rms_norms(proto)
@@ -46,18 +48,18 @@ def io_schema(values) -> list[dict]:
     return schema
 
 
-def gdn_dims(module: torch.nn.Module) -> tuple[int, int] | None:
-    config = (getattr(module, "backbone", None) or module.text_model).config
+def gdn_dims(config) -> tuple[int, int] | None:
+    """(key head dim, value head dim) of a backbone config with Gated DeltaNet layers; None without."""
     if "linear_attention" not in (getattr(config, "layer_types", None) or []):
         return None
     return config.linear_key_head_dim, config.linear_value_head_dim
 
 
-def translation_table(module: torch.nn.Module) -> dict:
+def translation_table(config) -> dict:
+    """The custom-op translations a backbone config (the family's `backbone_config()`) needs."""
     from vllm_sr_runtime.export import translations
 
-    config = (getattr(module, "backbone", None) or module.text_model).config
-    if gdn_dims(module) is None:
+    if gdn_dims(config) is None:
         return {}
     return {
         torch.ops.vsr.causal_conv1d_silu.default: translations.make_causal_conv1d_silu(

@@ -25,15 +25,14 @@ from vllm_sr_runtime.export.streaming import TracedGraph
 # ~10% of the FLOPs in FP32 took int8's changed decisions from 12/39 to 0/39 on its flip-prone requests
 # (other groups kept FP32 instead: 3-11/39).
 INT8_FP32_PROJECTIONS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight")
-# Weights outside the towers (the readout / candidate head, whose logits are the answer) stay FP32.
-QUANTIZED_TOWERS = ("backbone.", "text_model.", "visual.")
 QMAX = 127  # symmetric signed int8 weights: [-127, 127] (ORT's WeightSymmetric default for QInt8)
 BLOCK_ROWS = 1024  # rows quantized per step, so temporaries stay a fraction of the weight
 
 
-def stays_fp32(name: str) -> bool:
-    """Whether the MatMul reading the module weight `name` stays FP32 under --dtype int8."""
-    return not name.startswith(QUANTIZED_TOWERS) or name.endswith(INT8_FP32_PROJECTIONS)
+def stays_fp32(name: str, quantized_towers: tuple[str, ...]) -> bool:
+    """Whether the MatMul reading the module weight `name` stays FP32 under --dtype int8: weights outside the
+    family's quantized towers (the readout / candidate head, whose logits are the answer) always do."""
+    return not name.startswith(quantized_towers) or name.endswith(INT8_FP32_PROJECTIONS)
 
 
 def quantize_per_channel(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +74,7 @@ class _QuantizedWeight:
         return ir.tensor(scale)
 
 
-def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool] = stays_fp32) -> int:
+def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool]) -> int:
     """Rewrite every FP32 MatMul whose weight is a package tensor (or its transpose) that `keep_fp32` does
     not keep into the dynamic int8 pattern; returns how many were rewritten."""
     graph = traced.model.graph

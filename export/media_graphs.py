@@ -16,7 +16,7 @@ from vllm_sr_runtime.export.smoke import SMOKE_QUESTIONS, SMOKE_STATE, check_smo
 from vllm_sr_runtime.export.context import ExportContext
 from vllm_sr_runtime.export.streaming import trace
 from vllm_sr_runtime.export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision
-from vllm_sr_runtime.families.decision3.vision_segments import SEGMENT_INPUTS, VisionLayout, segment_groups
+from vllm_sr_runtime.engines.onnxruntime.vision_segments import SEGMENT_INPUTS, VisionLayout, segment_groups
 
 VISION_FILE, VISION_DATA_FILE = "vision.onnx", "vision.onnx.data"
 MEDIA_MODEL_FILE, MEDIA_DATA_FILE = "model_media.onnx", "model_media.onnx.data"  # its own weights only
@@ -41,31 +41,32 @@ def export_media(context: ExportContext) -> dict:
     context.step()
     phase("vision write")
     vision_dtype = "fp32" if dtype == "int8" else dtype
-    proto, _ = emit_graph(vision, temp, VISION_FILE, VISION_DATA_FILE, vision_dtype)
+    proto, _ = emit_graph(vision, temp, VISION_FILE, VISION_DATA_FILE, vision_dtype, quantized_towers=family.export_spec.quantized_towers)
     vision_io = {"inputs": io_schema(proto.graph.input), "outputs": io_schema(proto.graph.output)}
     del vision, proto
     onnx.checker.check_model(str(temp / VISION_FILE), full_check=False)
     context.step()
     phase("media trace")
     batch = family.plan(SMOKE_STATE, SMOKE_QUESTIONS, media=media).batches[0]
+    hidden = family.backbone_config().hidden_size
     features = {
-        "image_features": feature_placeholder(module, media.image_grid_thw),
-        "video_features": feature_placeholder(module, media.video_grid_thw),
+        "image_features": feature_placeholder(module, media.image_grid_thw, hidden),
+        "video_features": feature_placeholder(module, media.video_grid_thw, hidden),
     }
     inputs = {**batch.inputs, **features}
     text = trace(
-        streamed, module, inputs, opset, family.media_input_names, family.media_dynamic_axes, family.output_name, translation_table(module), "forward_features"
+        streamed, module, inputs, opset, family.media_input_names, family.media_dynamic_axes, family.output_name, translation_table(family.backbone_config()), "forward_features"
     )  # fmt: skip
     context.step()
     phase("media write")
-    proto, weights = emit_graph(text, temp, MEDIA_MODEL_FILE, MEDIA_DATA_FILE, dtype, reuse=context.reuse)
+    proto, weights = emit_graph(text, temp, MEDIA_MODEL_FILE, MEDIA_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers)
     text_io = {"inputs": io_schema(proto.graph.input), "outputs": io_schema(proto.graph.output)}
     del text, proto
     onnx.checker.check_model(str(temp / MEDIA_MODEL_FILE), full_check=False)
     context.step()
     phase("media smoke")
     if context.engine is not None:
-        context.engine.attach_media(temp / VISION_FILE, temp / MEDIA_MODEL_FILE, layout)
+        context.engine.attach_media(temp / VISION_FILE, temp / MEDIA_MODEL_FILE, layout, family.media_modalities)
     smoke = None
     if context.eager is not None:
         smoke = {"with_video": smoke_parity(family, context.eager, context.engine, media=media)}
@@ -80,12 +81,12 @@ def export_media(context: ExportContext) -> dict:
     }
 
 
-def feature_placeholder(module: torch.nn.Module, grid) -> torch.Tensor:
+def feature_placeholder(module: torch.nn.Module, grid, hidden_size: int) -> torch.Tensor:
     """Zeros shaped like the vision tower's features for `grid` (one row per merged patch block): all a trace
     of forward_features needs (its values do not reach the graph)."""
     merge = int(module.visual.config.spatial_merge_size)
     rows = 0 if grid is None else int(torch.as_tensor(grid).prod(-1).sum()) // (merge * merge)
-    return torch.zeros((rows, module.text_model.config.hidden_size))
+    return torch.zeros((rows, hidden_size))
 
 
 def _axes(axes: dict) -> dict:

@@ -9,13 +9,13 @@ import numpy as np
 import torch
 
 from vllm_sr_runtime.export.phases import available_memory_bytes
-from vllm_sr_runtime.engines.onnxruntime import DEVICE_DTYPES
+from vllm_sr_runtime.accelerators import CPU
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.families.answers import answer_distribution
 from vllm_sr_runtime.families.base import Family
 
 # The export opens a CPU session and runs the smoke parity only for dtypes ORT's CPU provider runs.
-CPU_SESSION_DTYPES = DEVICE_DTYPES["cpu"]
+CPU_SESSION_DTYPES = CPU.artifact_dtypes
 SMOKE_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}  # and no decision changed
 SMOKE_MODES = ("auto", "on", "off")
 # What an ORT CPU session holds beyond its weights file (arena, optimized graph), relative to that file.
@@ -83,7 +83,7 @@ def eager_model(family: Family, module: torch.nn.Module, profile: str = "exact")
     from vllm_sr_runtime.model import DecisionModel
 
     cpu = parse_device("cpu")
-    engine = TorchEngine(module, cpu.torch_device, family.input_names, family.shared_input_names)
+    engine = TorchEngine(module, cpu.torch_device, family.input_names, family.shared_input_names, family.media_modalities if family.reads_media else ())
     return DecisionModel(family, engine, profile, cpu, "", shared_min_tokens=0)
 
 

@@ -2,7 +2,7 @@
 
 transformers' forward loops over images (grid_thw.tolist(), split by cu_seqlens) and cannot be traced with
 dynamic shapes. This wrapper runs the same weights on [segments, merge blocks, merge², ...] inputs prepared
-by vllm_sr_runtime.families.decision3.vision_segments: no loop and no mask, since attention stays inside a segment.
+by vllm_sr_runtime.engines.onnxruntime.vision_segments: no loop and no mask, since attention stays inside a segment.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb_vision
 
-from vllm_sr_runtime.families.decision3.vision_segments import SEGMENT_INPUTS
+from vllm_sr_runtime.engines.onnxruntime.vision_segments import SEGMENT_INPUTS
 
 VISION_OUTPUT = "visual_features"
 VISION_DYNAMIC_AXES = {name: {0: "segments", 1: "merge_blocks"} for name in SEGMENT_INPUTS}

@@ -139,15 +139,13 @@ def run_selftest(options: SelftestOptions) -> dict:
     from vllm_sr_runtime.export.exporter import export_package
     from vllm_sr_runtime.bench.forward import run_forward
     from vllm_sr_runtime.devices import parse_device
-    from vllm_sr_runtime.engines.onnxruntime import DEVICE_DTYPES
-    from vllm_sr_runtime.engines.onnxruntime.providers import PROVIDERS
 
     started = time.time()
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     device = parse_device(options.device)
-    variant = PROVIDERS[device.kind].variant or "contrib"
-    dtypes = options.dtypes or list(DEVICE_DTYPES[device.kind])
+    variant = device.spec.variant or "contrib"
+    dtypes = options.dtypes or list(device.spec.artifact_dtypes)
     real_dimension = device.kind != "cpu" if options.real_dimension is None else options.real_dimension
     chosen = {name: FIXTURES[name] for name in options.fixtures} | (REAL_DIMENSION if real_dimension else {})
     report: dict = {"devices": devices_found(), "device": device.name, "variant": variant, "dtypes": dtypes, "parity": [], "latency": [], "http": []}

@@ -1,4 +1,4 @@
-"""`vllm-sr-runtime`: serve | export | parity | bench | fixture | verify | models."""
+"""`vllm-sr-runtime`: serve | export | parity | bench | selftest | fixture | verify | models | plugins | devices."""
 
 from __future__ import annotations
 
@@ -111,10 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _optional_commands():
-    """Subcommands whose modules pull heavier dependencies register themselves lazily."""
+    """The runtime's own subcommands, then those the installed packages register (export, parity, selftest:
+    entry point group vllm_sr_runtime.commands); a command that fails to import is reported, not fatal."""
     from vllm_sr_runtime import commands
+    from vllm_sr_runtime.plugins import installed
 
-    return commands.REGISTRARS
+    registered = installed("command")
+    return [*commands.REGISTRARS, *(registered.get(name) for name in registered.names())]
 
 
 def main(argv: list[str] | None = None) -> int:

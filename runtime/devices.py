@@ -1,61 +1,85 @@
-"""Device selection: auto | cpu | cuda[:N] | rocm[:N]; an absent device is a clear error."""
+"""Device selection: auto | KIND[:N] over the installed accelerator plugins (cpu, cuda, rocm built in); an absent
+device is a clear error, and `auto`'s choice comes with its reasons (`vllm-sr-runtime devices`)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 
+from vllm_sr_runtime.accelerators import Accelerator
 from vllm_sr_runtime.errors import UnsupportedDeviceError
 
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|rocm)(?::(\d+))?$")
+DEVICE_PATTERN = re.compile(r"^([a-z][a-z0-9_]*)(?::(\d+))?$")
+
+
+def installed_accelerators() -> dict[str, Accelerator]:
+    from vllm_sr_runtime.plugins import installed
+
+    plugins = installed("accelerator")
+    return {name: plugins.get(name) for name in plugins.names()}
 
 
 @dataclass(frozen=True)
 class Device:
-    kind: str  # cpu | cuda | rocm
+    kind: str  # an accelerator plugin's name: cpu | cuda | rocm | ...
     index: int | None
+    accelerator: Accelerator | None = None  # None: looked up among the installed plugins
+
+    @property
+    def spec(self) -> Accelerator:
+        return self.accelerator or installed_accelerators()[self.kind]
 
     @property
     def torch_device(self) -> torch.device:
-        if self.kind == "cpu":
-            return torch.device("cpu")
-        return torch.device("cuda", self.index or 0)  # HIP devices are torch's "cuda" too
+        torch_type = self.spec.torch_type
+        return torch.device(torch_type) if torch_type == "cpu" else torch.device(torch_type, self.index or 0)
 
     @property
     def device_class(self) -> str:
-        return "cpu" if self.kind == "cpu" else "gpu"
+        return self.spec.device_class
 
     @property
     def name(self) -> str:
         return self.kind if self.index is None else f"{self.kind}:{self.index}"
 
 
-def _gpu_flavour() -> str | None:
-    if not torch.cuda.is_available():
-        return None
-    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+def auto_choice(accelerators: Mapping[str, Accelerator] | None = None) -> tuple[Device, list[str]]:
+    """What `--device auto` picks: the visible kind of highest rank (GPUs before the CPU), and why."""
+    accelerators = installed_accelerators() if accelerators is None else accelerators
+    reasons = []
+    for spec in sorted(accelerators.values(), key=lambda spec: -spec.auto_rank):
+        count = spec.visible()
+        if count > 0:
+            device = Device(spec.kind, 0 if spec.indexed else None, spec)
+            reasons.append(f"{spec.kind}: {count} visible, picked {device.name}")
+            return device, reasons
+        reasons.append(f"{spec.kind}: {spec.why_absent()}")
+    raise UnsupportedDeviceError(f"no accelerator plugin sees a device ({'; '.join(reasons)})")
 
 
-def parse_device(text: str, *, probe=_gpu_flavour, count=lambda: torch.cuda.device_count()) -> Device:
+def parse_device(text: str, accelerators: Mapping[str, Accelerator] | None = None) -> Device:
+    accelerators = installed_accelerators() if accelerators is None else accelerators
+    kinds = ", ".join(f"{kind}[:N]" if spec.indexed else kind for kind, spec in accelerators.items())
     match = DEVICE_PATTERN.match(text.strip().lower())
-    if not match:
-        raise UnsupportedDeviceError(f"device {text!r} is not one of auto, cpu, cuda[:N], rocm[:N]")
+    if not match or (match.group(1) != "auto" and match.group(1) not in accelerators):
+        raise UnsupportedDeviceError(f"device {text!r} is not one of auto, {kinds}")
     kind, index = match.group(1), match.group(2)
-    if kind == "cpu":
-        if index is not None:
-            raise UnsupportedDeviceError("cpu takes no device index")
-        return Device("cpu", None)
-    flavour = probe()
     if kind == "auto":
         if index is not None:
             raise UnsupportedDeviceError("auto takes no device index")
-        return Device(flavour, 0) if flavour else Device("cpu", None)
-    if flavour != kind:
-        have = f"this torch build sees {flavour} devices" if flavour else "no GPU is visible to this torch build"
-        raise UnsupportedDeviceError(f"device {text} is not available: {have}")
+        return auto_choice(accelerators)[0]
+    spec = accelerators[kind]
+    if not spec.indexed:
+        if index is not None:
+            raise UnsupportedDeviceError(f"{kind} takes no device index")
+        return Device(kind, None, spec)
+    count = spec.visible()
+    if count == 0:
+        raise UnsupportedDeviceError(f"device {text} is not available: {spec.why_absent()}")
     number = int(index or 0)
-    if number >= count():
-        raise UnsupportedDeviceError(f"device {text} is not available: {count()} {kind} device(s) visible")
-    return Device(kind, number)
+    if number >= count:
+        raise UnsupportedDeviceError(f"device {text} is not available: {count} {kind} device(s) visible")
+    return Device(kind, number, spec)

@@ -16,7 +16,7 @@ from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.base import Family, Plan
 from vllm_sr_runtime.families.shared_context import DEFAULT_MIN_SAVED_TOKENS
-from vllm_sr_runtime.profiles import build_engine
+from vllm_sr_runtime.profiles import build_engine, profile_named
 from vllm_sr_runtime.packages.resolve import resolve_package
 
 
@@ -32,9 +32,13 @@ class Response:
 
 
 class DecisionModel:
-    def __init__(self, family: Family, engine: Any, profile: str, device: Device, dtype: str, *, shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS):
+    def __init__(
+        self, family: Family, engine: Any, profile: str, device: Device, dtype: str, *, shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS,
+        engine_plugin: str | None = None,
+    ):  # fmt: skip
         self.family = family
         self.engine = engine
+        self.engine_plugin = engine_plugin or engine.name  # the engine plugin that built `engine`
         self.profile = profile
         self.device = device
         self.dtype = dtype
@@ -70,9 +74,10 @@ class DecisionModel:
             )
         plan = self.family.plan(state, questions, images=images, videos=videos)
         plan.profile = profile or self.profile
-        if plan.profile == "shared_context":
+        if profile_named(plan.profile).shares_prefix:
+            chosen = plan.profile
             plan = self.family.share(plan, self.shared_min_tokens)
-            plan.profile = "shared_context"
+            plan.profile = chosen
         return plan
 
     def execute(self, plan: Plan, on_batch=None) -> Response:
@@ -170,9 +175,21 @@ class DecisionModel:
             "device": self.device.name,
             "dtype": self.dtype,
             "golden": self.golden["status"],
+            "plugins": self.plugins(),
         }
         card.update(self.family.card())
         return card
+
+    def plugins(self) -> dict[str, dict]:
+        """The plugins this model runs on, each with the distribution that registers it."""
+        from vllm_sr_runtime.plugins import installed
+
+        used = {"family": self.family.name, "engine": self.engine_plugin, "profile": self.profile, "accelerator": self.device.kind}
+        found = {}
+        for kind, name in used.items():
+            plugins = installed(kind)
+            found[kind] = plugins.descriptor(name).as_dict() if name in plugins.loaded else {"name": name, "kind": kind, "distribution": None}
+        return found
 
 
 def _floats(answer: dict):
@@ -199,5 +216,5 @@ def load(
     target = parse_device(device)
     ref = resolve_package(package, revision, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
-    engine, dtype = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
-    return DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens)
+    engine, dtype, engine_plugin = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
+    return DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens, engine_plugin=engine_plugin)

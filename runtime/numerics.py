@@ -1,4 +1,5 @@
-"""The numerics policy: one table, per family and device class (DESIGN.md, spec 3.1 / 3.2)."""
+"""Numerics: how a module's parameters and compute are held; each family declares its policy per device class
+(DESIGN.md, spec 3.1 / 3.2). Heads, readout and softmax stay FP32 in every policy."""
 
 from __future__ import annotations
 
@@ -22,16 +23,7 @@ class Numerics:
         return text
 
 
-POLICY: dict[tuple[str, str], Numerics] = {
-    # CPU: FP32 everywhere (BF16-stored weights upcast once at load).
-    ("decision2", "cpu"): Numerics(torch.float32, None),
-    ("decision3", "cpu"): Numerics(torch.float32, None),
-    # GPU: Decision 2.0 runs BF16-resident Linear weights under BF16 autocast; Decision 3.0 BF16 parameters,
-    # no autocast. Heads, readout and softmax stay FP32 for both.
-    ("decision2", "gpu"): Numerics(torch.bfloat16, torch.bfloat16),
-    ("decision3", "gpu"): Numerics(torch.bfloat16, None),
-}
-
-
-def numerics_for(family: str, device_class: str) -> Numerics:
-    return POLICY[(family, device_class)]
+# The policies the built-in families declare (each family's `numerics_policy`).
+FP32 = Numerics(torch.float32, None)  # CPU: FP32 everywhere (BF16-stored weights upcast once at load)
+BF16_AUTOCAST = Numerics(torch.bfloat16, torch.bfloat16)  # BF16-resident Linear weights under BF16 autocast
+BF16 = Numerics(torch.bfloat16, None)  # BF16 parameters, no autocast

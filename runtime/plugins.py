@@ -21,6 +21,7 @@ GROUPS = {
     "engine": "vllm_sr_runtime.engines",
     "accelerator": "vllm_sr_runtime.accelerators",
     "profile": "vllm_sr_runtime.profiles",
+    "command": "vllm_sr_runtime.commands",  # CLI subcommands: a callable that registers on the subparsers
 }
 
 

@@ -1,64 +1,81 @@
-"""Profiles: a policy over engine, dtype and scheduling. Each builds the engine a loaded model runs on."""
+"""Profiles: a policy over engine, numerics and scheduling, as objects registered through the
+`vllm_sr_runtime.profiles` entry point group (the four built-ins exactly as a third party's would be)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from vllm_sr_runtime.devices import Device
-from vllm_sr_runtime.engines.torch import TorchEngine
 from vllm_sr_runtime.errors import InvalidRequest
-from vllm_sr_runtime.families.base import Family
-from vllm_sr_runtime.numerics import numerics_for
-
-EngineFactory = Callable[..., object]
 
 
-def _exact(family: Family, device: Device, **_: object):
-    numerics = numerics_for(family.name, device.device_class)
-    module = family.build_module(numerics, device.torch_device)
-    return TorchEngine(module, device.torch_device, family.input_names, family.shared_input_names), numerics.label
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    engine: str  # the engine plugin it runs on
+    summary: str
+    artifact_engine: str | None = None  # given an artifact, the engine plugin that runs it instead
+    merges_requests: bool = False  # rows of concurrent requests share passes (cross-request batching)
+    shares_prefix: bool = False  # a request's questions share one prefix pass when that saves enough work
+    also_serves: tuple[str, ...] = ()  # profiles a model loaded under this one can also answer per request
+
+    def engine_for(self, family: Any, artifact: Any = None) -> str:
+        """The engine plugin that runs this profile for `family`: its own, the artifact's, or the one the
+        family names for this profile (a family with its own engine)."""
+        if self.name in family.engines:
+            return family.engines[self.name]
+        if artifact is not None and self.artifact_engine:
+            return self.artifact_engine
+        return self.engine
+
+    def served(self) -> list[str]:
+        return [self.name, *self.also_serves]
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name, "engine": self.engine, "artifact_engine": self.artifact_engine, "merges_requests": self.merges_requests,
+            "shares_prefix": self.shares_prefix, "also_serves": list(self.also_serves), "summary": self.summary,
+        }  # fmt: skip
 
 
-def _max_speed(family: Family, device: Device, **options: object):
-    from vllm_sr_runtime.engines.onnxruntime.profile import max_speed_engine
-
-    return max_speed_engine(family, device, **options)
-
-
-def _batching(family: Family, device: Device, *, artifact=None, **options: object):
-    """Cross-request batching is a scheduling policy: the exact engine, or an artifact's when one is given."""
-    if artifact is not None:
-        return _max_speed(family, device, artifact=artifact, **options)
-    return _exact(family, device)
-
-
-def _shared_context(family: Family, device: Device, *, artifact=None, **options: object):
-    """Sharing a request's prefix is a way of running an engine: the exact one (its module's forward_shared),
-    or an artifact's, when one is given (its shared_context graph)."""
-    if artifact is not None:
-        return _max_speed(family, device, artifact=artifact, shared_context=True, **options)
-    return _exact(family, device)
+EXACT = Profile("exact", "torch", "eager PyTorch: the reference numerics")
+SHARED_CONTEXT = Profile(
+    "shared_context", "torch", "a request's questions share one prefix pass (exact's engine, or an artifact's shared graph)",
+    artifact_engine="onnxruntime", shares_prefix=True, also_serves=("exact",),
+)  # fmt: skip
+BATCHING = Profile(
+    "batching", "torch", "rows of concurrent requests packed into shared passes (exact's engine, or an artifact's)",
+    artifact_engine="onnxruntime", merges_requests=True, also_serves=("exact",),
+)  # fmt: skip
+MAX_SPEED = Profile("max_speed", "onnxruntime", "an exported ONNX artifact on ONNX Runtime (exported into the cache on first use)")
+BUILTIN = (EXACT, SHARED_CONTEXT, BATCHING, MAX_SPEED)
 
 
-PROFILES: dict[str, EngineFactory] = {"exact": _exact, "max_speed": _max_speed, "batching": _batching, "shared_context": _shared_context}
-# Profiles a model loaded under a given profile can also serve per request (same engine and numerics).
-ALSO_SERVES = {"batching": ("exact",), "shared_context": ("exact",)}
+def installed_profiles() -> dict[str, Profile]:
+    from vllm_sr_runtime.plugins import installed
+
+    plugins = installed("profile")
+    return {name: plugins.get(name) for name in plugins.names()}
+
+
+def profile_named(name: str) -> Profile:
+    profiles = installed_profiles()
+    if name not in profiles:
+        raise InvalidRequest(f"unknown profile {name!r} (one of {', '.join(profiles)})")
+    return profiles[name]
 
 
 def served_profiles(profile: str) -> list[str]:
-    return [profile, *ALSO_SERVES.get(profile, ())]
-KNOWN_PROFILES = ("exact", "shared_context", "batching", "max_speed")
+    return profile_named(profile).served()
 
 
-def register_profile(name: str, factory: EngineFactory) -> None:
-    if name in PROFILES:
-        raise ValueError(f"profile {name} is already registered")
-    PROFILES[name] = factory
+def build_engine(profile_name: str, family: Any, device: Any, **options: Any) -> tuple[Any, str, str]:
+    """(engine, numerics label, engine plugin name) for a family under a profile on a device."""
+    from vllm_sr_runtime.plugins import plugin
 
-
-def build_engine(profile: str, family: Family, device: Device, **options: object):
-    if profile not in PROFILES:
-        if profile in KNOWN_PROFILES:
-            raise InvalidRequest(f"profile {profile!r} is not available in this build (available: {', '.join(PROFILES)})")
-        raise InvalidRequest(f"unknown profile {profile!r} (one of {', '.join(KNOWN_PROFILES)})")
-    return PROFILES[profile](family, device, **options)
+    profile = profile_named(profile_name)
+    if family.profiles is not None and profile.name not in family.profiles:
+        raise InvalidRequest(f"family {family.name} runs profiles {', '.join(family.profiles)}, not {profile.name}")
+    engine_name = profile.engine_for(family, options.get("artifact"))
+    engine, label = plugin("engine", engine_name)(family, device, profile, **options)
+    return engine, label, engine_name

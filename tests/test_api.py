@@ -114,21 +114,9 @@ def test_model_card_reports_what_runs(models):
     assert card["family"] == "decision3" and card["profile"] == "exact" and card["engine"] == "torch"
     assert card["device"] == "cpu" and card["dtype"] == "fp32" and card["attention_mode"] == "noncausal_full_attention"
     assert len(card["model_sha256"]) == 64
-
-
-def test_devices():
-    assert parse_device("cpu").torch_device.type == "cpu"
-    assert parse_device("auto", probe=lambda: None).kind == "cpu"
-    assert parse_device("auto", probe=lambda: "rocm").name == "rocm:0"
-    assert parse_device("rocm:1", probe=lambda: "rocm", count=lambda: 2).torch_device.index == 1
-    with pytest.raises(UnsupportedDeviceError, match="no GPU"):
-        parse_device("cuda", probe=lambda: None)
-    with pytest.raises(UnsupportedDeviceError, match="sees rocm"):
-        parse_device("cuda:0", probe=lambda: "rocm")
-    with pytest.raises(UnsupportedDeviceError, match="1 cuda device"):
-        parse_device("cuda:3", probe=lambda: "cuda", count=lambda: 1)
-    with pytest.raises(UnsupportedDeviceError, match="one of"):
-        parse_device("tpu")
+    plugins = card["plugins"]  # what it runs on, and which distribution brings each
+    assert {kind: row["name"] for kind, row in plugins.items()} == {"family": "decision3", "engine": "torch", "profile": "exact", "accelerator": "cpu"}
+    assert {row["distribution"] for row in plugins.values()} == {"vllm-sr-runtime"}
 
 
 def test_load_errors_are_clear(packages):
@@ -141,7 +129,6 @@ def test_load_errors_are_clear(packages):
 
 def test_adapter_merge_matches_unmerged(packages, models):
     from vllm_sr_runtime.families.decision2.family import Decision2Family
-    from vllm_sr_runtime.numerics import numerics_for
     from vllm_sr_runtime.engines.torch import TorchEngine
     from vllm_sr_runtime.model import DecisionModel
     from vllm_sr_runtime.devices import parse_device as device
@@ -149,7 +136,7 @@ def test_adapter_merge_matches_unmerged(packages, models):
     unmerged = models("d2_lora")
     family = Decision2Family.open(unmerged.family.ref, base_path=unmerged.family.package.base.path)
     family.merge_adapter = True
-    module = family.build_module(numerics_for("decision2", "cpu"), device("cpu").torch_device)
+    module = family.build_module(family.numerics("cpu"), device("cpu").torch_device)
     assert not any("lora_" in name for name, _ in module.named_parameters())
     merged = DecisionModel(family, TorchEngine(module, device("cpu").torch_device, family.input_names), "exact", device("cpu"), "fp32")
     questions = {"q": {"type": "choice", "criteria": {"a": "first", "b": "second", "c": "third"}}}

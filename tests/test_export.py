@@ -400,12 +400,12 @@ def test_streamed_graphs_equal_a_trace_with_weights(artifacts, packages, name):
     module = build_export_module(family, "fp32")
     artifact = artifacts[(name, "contrib")]
     sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
-    reference = reference_trace(module, sample, family.input_names, family.dynamic_axes, family.output_name, translation_table(module))
+    reference = reference_trace(module, sample, family.input_names, family.dynamic_axes, family.output_name, translation_table(family.backbone_config()))
     assert_same_graph(onnx.load(str(artifact / "model.onnx")), reference)
     if (name, "contrib") in WITH_SHARED:
         inputs = family.share(family.plan(SMOKE_STATE, SMOKE_QUESTIONS), 0).batches[0].inputs
         reference = reference_trace(
-            module, inputs, family.shared_input_names, family.shared_dynamic_axes, family.output_name, translation_table(module), "forward_shared"
+            module, inputs, family.shared_input_names, family.shared_dynamic_axes, family.output_name, translation_table(family.backbone_config()), "forward_shared"
         )  # fmt: skip
         assert_same_graph(onnx.load(str(artifact / "model_shared.onnx")), reference)
 

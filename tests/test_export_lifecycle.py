@@ -111,15 +111,14 @@ def test_too_little_disk_is_refused_before_any_work(packages, tmp_path, monkeypa
 def test_weights_stream_in_blocks_equal_to_the_whole_tensor(packages):
     """Blocks of a few rows (or columns, transposed) concatenate to exactly the tensor the module holds."""
     from vllm_sr_runtime.families import open_family
-    from vllm_sr_runtime.numerics import numerics_for
     from vllm_sr_runtime.packages.resolve import resolve_package
 
     for name in ("d3", "d2_lora"):
         family = open_family(resolve_package(packages[name]), **load_kwargs(name, packages[name]))
         if hasattr(family, "merge_adapter"):
             family.merge_adapter = True
-        sources = family.weight_sources(numerics_for(family.name, "cpu"))
-        module = family.build_module(numerics_for(family.name, "cpu"), torch.device("cpu"))
+        sources = family.weight_sources(family.numerics("cpu"))
+        module = family.build_module(family.numerics("cpu"), torch.device("cpu"))
         state = module.state_dict()
         merged = 0
         for key, source in sources.items():

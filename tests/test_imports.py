@@ -95,6 +95,28 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_has_no_circle():
     graph = module_imports()
-    assert len(graph) > 80 and "vllm_sr_runtime.export.exporter" in graph["vllm_sr_runtime.commands.export_cmd"]  # the walk sees lazy imports
+    assert len(graph) > 80 and "vllm_sr_runtime.export.exporter" in graph["vllm_sr_runtime.export.command"]  # the walk sees lazy imports
     assert circles(graph) == []
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
+
+
+def importers(graph: dict[str, set[str]], source: str, target: str) -> dict[str, list[str]]:
+    """Modules under `source` that import (anywhere, lazily too) a module under `target`."""
+    inside = lambda name, package: name == package or name.startswith(package + ".")
+    found = {name: sorted(t for t in targets if inside(t, target)) for name, targets in graph.items() if inside(name, source)}
+    return {name: targets for name, targets in found.items() if targets}
+
+
+def test_the_runtime_never_imports_export_or_parity_even_lazily():
+    graph = module_imports()
+    own = ("vllm_sr_runtime.export", "vllm_sr_runtime.parity")
+    runtime = {name: targets for name, targets in graph.items() if not name.startswith(own)}
+    assert {name: sorted(t for t in targets if t.startswith(own)) for name, targets in runtime.items() if any(t.startswith(own) for t in targets)} == {}
+    assert importers({"vllm_sr_runtime.x": {"vllm_sr_runtime.export.exporter"}}, "vllm_sr_runtime.x", "vllm_sr_runtime.export")  # can fail
+
+
+def test_engines_know_no_family_and_families_no_engine():
+    graph = module_imports()
+    assert importers(graph, "vllm_sr_runtime.engines", "vllm_sr_runtime.families") == {}
+    assert importers(graph, "vllm_sr_runtime.families", "vllm_sr_runtime.engines") == {}
+    assert "vllm_sr_runtime.engines.torch" in graph and "vllm_sr_runtime.families.decision3.family" in graph  # both walked

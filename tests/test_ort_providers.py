@@ -11,7 +11,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from vllm_sr_runtime.engines.onnxruntime import open_session
 from vllm_sr_runtime.engines.onnxruntime.io_binding import DeviceBuffers
-from vllm_sr_runtime.engines.onnxruntime.providers import check_provider_available, provider_options, provider_start_error
 from vllm_sr_runtime.errors import UnsupportedDeviceError
 
 
@@ -23,26 +22,6 @@ def tiny_model(path) -> None:
         [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["rows", 3])], [weight],
     )  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-
-
-def test_gpu_provider_options_are_chosen_for_parity_and_memory():
-    cuda = provider_options("cuda", 1)
-    assert cuda["device_id"] == "1" and cuda["use_tf32"] == "0"  # fp32 artifacts answer like exact's FP32
-    assert cuda["cudnn_conv_algo_search"] == "EXHAUSTIVE" and cuda["arena_extend_strategy"] == "kSameAsRequested"
-    assert provider_options("rocm", None) == {"device_id": "0", "migraphx_fp16_enable": "0"}
-    assert provider_options("cpu", None) == {}
-
-
-def test_missing_provider_and_missing_libraries_are_named():
-    with pytest.raises(UnsupportedDeviceError, match="no CUDAExecutionProvider .* install the onnxruntime-gpu package"):
-        check_provider_available("cuda", ["CPUExecutionProvider"])
-    with pytest.raises(UnsupportedDeviceError, match="no MIGraphXExecutionProvider .* onnxruntime-migraphx"):
-        check_provider_available("rocm", ["CPUExecutionProvider"])
-    error = str(provider_start_error("cuda", ["CPUExecutionProvider"], library_found=lambda stem: stem != "cudnn"))
-    assert "CUDAExecutionProvider did not start" in error and "libcudnn (cuDNN 9" in error
-    assert "libcudart" not in error and "does not fall back to CPU" in error
-    found_all = str(provider_start_error("rocm", [], library_found=lambda stem: True))
-    assert "libraries were found" in found_all
 
 
 def test_a_session_that_fell_back_to_cpu_is_refused(tmp_path, monkeypatch):

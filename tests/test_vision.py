@@ -80,7 +80,7 @@ def test_segmented_tower_matches_transformers_tower(packages):
     """The traced vision module runs equal-size attention segments as one batch; reassembled, its output is
     transformers' tower output on images of two sizes and a 3-group video (grids in patches)."""
     from vllm_sr_runtime.export.vision_graph import SegmentedVision
-    from vllm_sr_runtime.families.decision3.vision_segments import VisionLayout, assemble, segment_groups
+    from vllm_sr_runtime.engines.onnxruntime.vision_segments import VisionLayout, assemble, segment_groups
 
     visual = vllm_sr_runtime.load(packages["d3_vision"]).engine.module.visual
     grid = np.array([[1, 4, 6], [1, 4, 4], [3, 4, 4], [1, 2, 2]])
@@ -339,7 +339,7 @@ def test_streamed_media_graphs_equal_a_trace_with_weights(packages, vision_artif
     from vllm_sr_runtime.export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision
     from reference_trace import assert_same_graph, reference_trace
     from vllm_sr_runtime.families import open_family
-    from vllm_sr_runtime.families.decision3.vision_segments import SEGMENT_INPUTS, VisionLayout, segment_groups
+    from vllm_sr_runtime.engines.onnxruntime.vision_segments import SEGMENT_INPUTS, VisionLayout, segment_groups
     from vllm_sr_runtime.packages.resolve import resolve_package
 
     family = open_family(resolve_package(packages["d3_vision"]))
@@ -356,7 +356,7 @@ def test_streamed_media_graphs_equal_a_trace_with_weights(packages, vision_artif
         }
     inputs = {**batch.inputs, **features}
     reference = reference_trace(
-        module, inputs, family.media_input_names, family.media_dynamic_axes, family.output_name, translation_table(module), "forward_features"
+        module, inputs, family.media_input_names, family.media_dynamic_axes, family.output_name, translation_table(family.backbone_config()), "forward_features"
     )  # fmt: skip
     assert_same_graph(onnx.load(str(vision_artifact / "model_media.onnx")), reference)
 

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from vllm_sr_runtime.profiles import installed_profiles
 from vllm_sr_runtime.server.config import ModelSpec, ServeConfig, check_names, load_models_file
 
 DEFAULT_FIXTURE = "synthetic-d3-tiny"
@@ -94,13 +95,13 @@ def register(sub) -> None:
     parser = sub.add_parser("serve", help="serve models over HTTP (Falcon under gunicorn, TCP or Unix socket)")
     parser.add_argument("model", nargs="*", help="MODEL[@REV] or package directory (none: a tiny synthetic Decision 3.0 package)")
     parser.add_argument("--models", help="YAML list of {model, revision, name, device, profile, artifact, base_path}")
-    parser.add_argument("--device", default=ServeConfig.device, help="auto | cpu | cuda[:N] | rocm[:N]")
+    parser.add_argument("--device", default=ServeConfig.device, help="auto | cpu | cuda[:N] | rocm[:N] (`vllm-sr-runtime devices` lists them and what auto picks)")
     parser.add_argument(
-        "--profile", default=ServeConfig.profile, choices=["exact", "shared_context", "batching", "max_speed"],
+        "--profile", default=ServeConfig.profile, choices=sorted(installed_profiles()),
         help="exact: eager PyTorch, the reference; shared_context: a request's common prefix runs once (exact for causal "
         "models; APPROXIMATE for Decision 3.0's non-causal packages, which lose the prefix-to-question direction of "
         "attention: refused for them unless --allow-approximate-shared-context); batching: rows of concurrent requests "
-        "merged; max_speed: ONNX Runtime artifact",
+        "merged; max_speed: ONNX Runtime artifact; others: installed profile plugins (vllm-sr-runtime plugins)",
     )  # fmt: skip
     parser.add_argument("--artifact", help="exported artifact for max_speed (default: exported into the cache on first use)")
     parser.add_argument("--host", default=ServeConfig.host)

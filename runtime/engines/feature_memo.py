@@ -6,10 +6,13 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-# (pixel input, grid input, feature input of the media text graph) per modality
-MODALITIES = (("pixel_values", "image_grid_thw", "image_features"), ("pixel_values_videos", "video_grid_thw", "video_features"))
-VISION_INPUTS = frozenset(name for pixels, grid, _ in MODALITIES for name in (pixels, grid))
+# (pixel input, grid input, feature input of the media text graph) per modality, as the family declares them
+Modalities = tuple[tuple[str, str, str], ...]
 Features = TypeVar("Features")
+
+
+def vision_inputs(modalities: Modalities) -> frozenset[str]:
+    return frozenset(name for pixels, grid, _ in modalities for name in (pixels, grid))
 
 
 class FeatureMemo:
@@ -17,7 +20,8 @@ class FeatureMemo:
     same object in each), so the vision tower's output for that array is kept until another array comes.
     Keyed by identity, not content: the memo holds the array, so its id cannot be reused meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(self, modalities: Modalities) -> None:
+        self.modalities = modalities
         self._pixels: dict[str, np.ndarray] = {}
         self._features: dict[str, object] = {}
 
@@ -27,7 +31,7 @@ class FeatureMemo:
         """The media text graph's feature inputs for one batch of rows: `compute(pixel input, grid input)`
         for a modality the request carries (once per pixel array), `empty()` for one it does not."""
         found: dict[str, Features] = {}
-        for pixels, grid, name in MODALITIES:
+        for pixels, grid, name in self.modalities:
             if inputs.get(pixels) is None:
                 found[name] = empty()
                 continue

@@ -18,10 +18,11 @@ def registry() -> dict[str, type[Family]]:
 
 
 def detect_family(root: Path) -> type[Family]:
-    matches = [family for family in registry().values() if family.detect(Path(root))]
+    families = registry()
+    matches = [family for family in families.values() if family.detect(Path(root))]
     if len(matches) != 1:
         found = "no" if not matches else "several"
-        raise PackageError(f"{found} known package format matches (Decision 2.0 pointer or Decision 3.0 manifest)", str(root))
+        raise PackageError(f"{found} installed family's package format matches (families: {', '.join(families)})", str(root))
     return matches[0]
 
 

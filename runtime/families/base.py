@@ -18,6 +18,15 @@ from vllm_sr_runtime.numerics import Numerics
 from vllm_sr_runtime.packages.resolve import PackageRef
 
 
+@dataclass(frozen=True)
+class ExportSpec:
+    """What the exporter needs of a family, declared by the family in one place (optimum-style) instead of
+    probed: the towers `--dtype int8` quantizes (everything else, the readout that produces the answer, stays
+    FP32). The prepare steps (merging an adapter, a mask that must trace) live in `Family.export_module`."""
+
+    quantized_towers: tuple[str, ...]
+
+
 @dataclass
 class Batch:
     inputs: dict[str, np.ndarray]
@@ -49,8 +58,19 @@ class Family(ABC):
     # the vision tower's features); empty for text-only families.
     media_input_names: ClassVar[tuple[str, ...]] = ()
     media_dynamic_axes: ClassVar[dict[str, dict[int, str]]] = {}
+    # Media families: (pixel input, grid input, feature input of the media text graph) per modality; engines
+    # run the vision tower once per pixel array and feed its features through these names.
+    media_modalities: ClassVar[tuple[tuple[str, str, str], ...]] = ()
     # The side `rows` pads shorter rows on; a graph with a static sequence length pads there too.
     padding_side: ClassVar[str] = "right"
+    # The numerics policy: per device class (cpu | gpu), how the module's parameters and compute are held.
+    numerics_policy: ClassVar[dict[str, Numerics]]
+    # What `export` needs (None: the family has no exported graphs; profiles that run artifacts refuse it).
+    export_spec: ClassVar[ExportSpec | None] = None
+    # Profile name -> the engine plugin that runs it for this family, in place of the profile's own engine.
+    engines: ClassVar[dict[str, str]] = {}
+    # The profiles this family runs (None: every installed profile).
+    profiles: ClassVar[tuple[str, ...] | None] = None
     pad_id: int
 
     def __init__(self, ref: PackageRef, package: Any):
@@ -61,6 +81,16 @@ class Family(ABC):
     def reads_media(self) -> bool:
         """Whether this package reads images and videos (a vision tower)."""
         return False
+
+    def numerics(self, device_class: str) -> Numerics:
+        return self.numerics_policy[device_class]
+
+    def export_module(self, numerics: Numerics, *, weights: bool = True) -> torch.nn.Module:
+        """The module `export` traces (prepare steps a family needs go in its override)."""
+        return self.build_module(numerics, torch.device("cpu"), weights=weights).eval()
+
+    def allow_media_urls(self, hosts: tuple[str, ...], allow_private: bool, timeout_s: float) -> None:
+        """The server's policy for http(s) media URLs; families that read no media ignore it."""
 
     def sequence_padding(self) -> dict:
         """How rows are padded to a longer static length without changing their answers: on the side the
@@ -84,18 +114,20 @@ class Family(ABC):
     def open(cls, ref: PackageRef, **options: Any) -> "Family":
         """Verify the package and load what rendering needs (no weights)."""
 
-    @abstractmethod
+    # -- a torch module (the torch engine, export) ------------------------------------------------------
+    # A family that runs only on its own engine (Family.engines) leaves these unimplemented.
     def backbone_config(self):
         """The transformers text config of the backbone (no weights read)."""
+        raise NotImplementedError(f"family {self.name} has no transformers backbone")
 
-    @abstractmethod
     def build_module(self, numerics: Numerics, device: torch.device, *, weights: bool = True) -> torch.nn.Module:
         """The backbone + readout as one module: forward(**inputs) -> readout output [rows, ...]. Without
         `weights`, the large parameters are meta tensors (no memory) that `weight_sources` describes."""
+        raise NotImplementedError(f"family {self.name} has no torch module (it runs on {', '.join(sorted(set(self.engines.values()))) or 'no engine'})")
 
-    @abstractmethod
     def weight_sources(self, numerics: Numerics) -> dict[str, WeightSource]:
         """Where each meta parameter of `build_module(weights=False)` is read from, by its name in the module."""
+        raise NotImplementedError(f"family {self.name} has no torch module")
 
     @abstractmethod
     def render(self, state: Any, question: Question) -> Any:
@@ -108,6 +140,11 @@ class Family(ABC):
     @abstractmethod
     def rows(self, group: list[Any]) -> dict[str, np.ndarray]:
         """The padded inputs of one pass over these rendered questions."""
+
+    def pass_size(self, batch: Batch) -> tuple[int, int]:
+        """(rows, padded tokens) of one pass, for the metrics: the shape of the family's first input."""
+        first = batch.inputs[self.input_names[0]]
+        return int(first.shape[0]), int(first.size)
 
     def padded_width(self, group: list[Any]) -> int:
         return max(len(item.token_ids) for item in group)
@@ -131,13 +168,13 @@ class Family(ABC):
     def answer(self, item: Any, output_row: np.ndarray) -> dict: ...
 
     # -- profile shared_context ----------------------------------------------------------------------
-    @abstractmethod
     def share_limit(self, item: Any) -> int:
         """How many leading tokens of this rendered question may go to the shared prefix."""
+        raise NotImplementedError(f"family {self.name} does not share prefixes")
 
-    @abstractmethod
     def shared_rows(self, prefix_length: int, items: list[Any]) -> dict[str, np.ndarray]:
         """Inputs of the module's forward_shared: `prefix_ids` [1, P] and the suffix rows."""
+        raise NotImplementedError(f"family {self.name} does not share prefixes")
 
     def share(self, plan: Plan, min_saved_tokens: int) -> Plan:
         """Rewrites a plan into one shared pass when its questions share enough prefix to pay for it."""

@@ -19,6 +19,7 @@ import yaml
 
 from vllm_sr_runtime.errors import InvalidRequest, ModelNotFound, NotReady, RequestTooLarge, RuntimeServiceError
 from vllm_sr_runtime.families.answers import error_answer
+from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
 from vllm_sr_runtime.server.slots import ModelSlot
@@ -169,7 +170,7 @@ class Server:
         """Queue the request's passes on its model's scheduler (None when every question errored already)."""
         if not call.plan.batches:
             return None
-        return call.slot.scheduler.submit(call.plan, call.deadline, mergeable=call.options["profile"] == "batching")
+        return call.slot.scheduler.submit(call.plan, call.deadline, mergeable=profile_named(call.options["profile"]).merges_requests)
 
     def finish(self, call: "Call", job) -> tuple[dict, str]:
         """Wait for the request's answers (to its deadline) and build its payload; returns (payload, Server-Timing)."""

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
 from vllm_sr_runtime.server.config import ModelSpec, ServeConfig
 from vllm_sr_runtime.server.scheduler import Scheduler
@@ -71,19 +72,14 @@ class ModelSlot:
             base_path=self.spec.base_path,
             shared_min_tokens=self.config.shared_min_tokens,
         )
-        if self.profile == "shared_context" and not model.family.shared_context_exact and not self.config.allow_approximate_shared_context:
+        if profile_named(self.profile).shares_prefix and not model.family.shared_context_exact and not self.config.allow_approximate_shared_context:
             raise ValueError(
                 f"profile shared_context is approximate for {self.name}: its full-attention layers read the prompt both ways, "
                 "and running the prefix once drops the prefix-to-question direction (answers differ from exact; see "
                 "`vllm-sr-runtime parity --profile shared_context`); serve it with --allow-approximate-shared-context, "
                 "or use exact, batching or max_speed"
             )
-        if hasattr(model.family, "url_policy"):
-            from vllm_sr_runtime.families.decision3.media_urls import UrlPolicy
-
-            model.family.url_policy = UrlPolicy(
-                tuple(self.config.media_url_allow), self.config.media_url_allow_private, self.config.media_url_timeout_s
-            )
+        model.family.allow_media_urls(tuple(self.config.media_url_allow), self.config.media_url_allow_private, self.config.media_url_timeout_s)
         self.state = "warming"
         first, second = model.ask("warm-up", WARMUP_QUESTIONS), model.ask("warm-up", WARMUP_QUESTIONS)
         if first != second or "error" in first["warmup"]:
@@ -106,9 +102,9 @@ class ModelSlot:
 
             model.result_cache = ResultCache(self.config.result_cache_entries, on_record=count)
         labels = {"model": self.name, "profile": self.profile}
-        from vllm_sr_runtime.profiles import served_profiles
 
-        self.profiles = served_profiles(self.profile) if model.engine.name == "torch" else [self.profile]
+        profile = profile_named(self.profile)
+        self.profiles = profile.served() if model.engine_plugin == profile.engine else [self.profile]
         self.scheduler = Scheduler(
             model,
             max_queue=self.config.max_queue,
@@ -129,8 +125,9 @@ class ModelSlot:
         log.info("model %s ready (%s at revision %s, %s on %s)", self.name, card["family"], card.get("revision") or "local", card["engine"], card["device"])
 
     def observe_batch(self, batch, labels: dict) -> None:
-        metrics.BATCH_ROWS.labels(**labels).observe(batch.inputs["input_ids"].shape[0])
-        metrics.BATCH_TOKENS.labels(**labels).observe(batch.inputs["input_ids"].size)
+        rows, tokens = self.model.family.pass_size(batch)
+        metrics.BATCH_ROWS.labels(**labels).observe(rows)
+        metrics.BATCH_TOKENS.labels(**labels).observe(tokens)
         if batch.shared:
             prefix = batch.inputs["prefix_ids"].shape[1]
             metrics.SHARED_PASSES.labels(model=self.name).inc()

@@ -7,12 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_sr_runtime.engines.onnxruntime.providers import check_provider_available, provider_options, provider_start_error
+from vllm_sr_runtime.engines.onnxruntime.providers import provider_start_error, select_provider
 from vllm_sr_runtime.errors import ArtifactError, UnsupportedDeviceError
-
-# Artifact dtypes each device kind's provider has kernels for (ORT's CPU provider implements no bf16 Mul or
-# MatMul; the CUDA provider's contrib GDN kernels take float, float16 and bfloat16).
-DEVICE_DTYPES = {"cpu": ("fp32", "fp16", "int8"), "cuda": ("fp32", "fp16", "bf16"), "rocm": ("fp32", "fp16")}
 
 
 def cpu_threads() -> int:
@@ -90,12 +86,13 @@ class OrtEngine:
         """Open the artifact's shared_context graph next to the main one (same provider and options)."""
         self.shared_session, _ = open_session(model_path, self.device_kind, self.device_index, self.optimized_cache)
 
-    def attach_media(self, vision_path: Path, text_path: Path, layout) -> None:
-        """Open the artifact's vision graph and media text graph (requests with images/videos)."""
+    def attach_media(self, vision_path: Path, text_path: Path, layout, modalities: tuple[tuple[str, str, str], ...]) -> None:
+        """Open the artifact's vision graph and media text graph (requests with images/videos); `modalities`
+        names each modality's (pixel input, grid input, feature input)."""
         from vllm_sr_runtime.engines.onnxruntime.media import MediaGraphs
 
         vision, text = (open_session(path, self.device_kind, self.device_index, self.optimized_cache)[0] for path in (vision_path, text_path))
-        self.media = MediaGraphs(vision, text, layout, self.output_name)
+        self.media = MediaGraphs(vision, text, layout, self.output_name, modalities)
 
     @property
     def reads_media(self) -> bool:
@@ -122,18 +119,18 @@ def open_session(model_path: Path, device_kind: str, device_index: int | None, o
 
     from vllm_sr_runtime.engines.onnxruntime.optimized_cache import cache_key, cached_model, open_and_save
 
-    provider = check_provider_available(device_kind, ort.get_available_providers())
-    options_for_provider = provider_options(device_kind, device_index)
+    spec = select_provider(device_kind, ort.get_available_providers())
+    provider, options_for_provider = spec.name, spec.options_for(device_index)
 
     def open_with(options, path: Path = model_path):
         try:
             session = ort.InferenceSession(str(path), sess_options=options, providers=[(provider, options_for_provider)])
         except Exception as exc:
             if device_kind != "cpu" and _looks_like_provider_failure(str(exc)):
-                raise provider_start_error(device_kind, [], str(exc).splitlines()[0][:300]) from None
+                raise provider_start_error(device_kind, [], str(exc).splitlines()[0][:300], provider=spec) from None
             raise
         if session.get_providers()[0] != provider:  # ORT logs why and falls back to CPU: refuse that
-            raise provider_start_error(device_kind, session.get_providers())
+            raise provider_start_error(device_kind, session.get_providers(), provider=spec)
         return session
 
     try:

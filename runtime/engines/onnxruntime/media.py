@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllm_sr_runtime.engines.feature_memo import FeatureMemo
-from vllm_sr_runtime.families.decision3.vision_segments import VisionLayout, assemble, segment_groups
+from vllm_sr_runtime.engines.feature_memo import FeatureMemo, Modalities
+from vllm_sr_runtime.engines.onnxruntime.vision_segments import VisionLayout, assemble, segment_groups
 
 
 class MediaGraphs:
-    def __init__(self, vision_session, text_session, layout: VisionLayout, output_name: str):
+    def __init__(self, vision_session, text_session, layout: VisionLayout, output_name: str, modalities: Modalities):
         self.vision = vision_session
         self.text = text_session
         self.layout = layout
         self.output_name = output_name
         self.vision_output = vision_session.get_outputs()[0].name
-        features = {value.name: value for value in text_session.get_inputs()}["image_features"]
+        features = {value.name: value for value in text_session.get_inputs()}[modalities[0][2]]
         self.hidden_size = int(features.shape[-1])
-        self.memo = FeatureMemo()
+        self.memo = FeatureMemo(modalities)
 
     def features(self, pixel_values: np.ndarray, grid_thw: np.ndarray) -> np.ndarray:
         """The vision tower's output for one modality, in transformers' order [merged tokens, hidden]."""

@@ -1,11 +1,5 @@
-"""Execution providers: which one a device kind uses, the options it is opened with, and why it did not start.
-
-The options are chosen for the runtime's contract, not left at ORT's defaults:
-- CUDA: the arena grows by what is asked (kSameAsRequested: no doubling past a long request), cuDNN searches
-  the fastest conv algorithm once per shape (EXHAUSTIVE: the GDN causal conv is a depthwise Conv), TF32 off
-  (fp32 artifacts must answer like `exact`'s FP32 within 1e-4; TF32 MatMuls do not).
-- MIGraphX: never downcasts an artifact to fp16 by itself (the artifact's dtype is the one exported and judged).
-"""
+"""Execution providers: which one runs a device (the accelerator plugin's first provider this ONNX Runtime
+installation has), the options it is opened with, and why it did not start."""
 
 from __future__ import annotations
 
@@ -13,52 +7,11 @@ import ctypes.util
 import glob
 import os
 import sys
-from dataclasses import dataclass
 from typing import Callable
 
+from vllm_sr_runtime.accelerators import ProviderSpec
+from vllm_sr_runtime.devices import installed_accelerators
 from vllm_sr_runtime.errors import UnsupportedDeviceError
-
-
-@dataclass(frozen=True)
-class ProviderSpec:
-    name: str  # ONNX Runtime's provider name
-    package: str  # the pip package that brings it
-    variant: str | None  # the artifact variant it needs (None: any)
-    libraries: tuple[tuple[str, str], ...]  # (shared library, what it is / how to get it) the provider loads
-
-
-PROVIDERS = {
-    "cpu": ProviderSpec("CPUExecutionProvider", "onnxruntime", None, ()),
-    "cuda": ProviderSpec(
-        "CUDAExecutionProvider", "onnxruntime-gpu", None,
-        (
-            ("cudart", "the CUDA runtime (CUDA 13 for onnxruntime-gpu's current wheels: pip install nvidia-cuda-runtime-cu13)"),
-            ("cublas", "cuBLAS (pip install nvidia-cublas-cu13)"),
-            ("cudnn", "cuDNN 9 (the GDN causal conv is a cuDNN Conv: pip install nvidia-cudnn-cu13)"),
-        ),
-    ),
-    "rocm": ProviderSpec(
-        "MIGraphXExecutionProvider", "onnxruntime-migraphx", "portable",
-        (
-            ("amdhip64", "the HIP runtime (ROCm)"),
-            ("migraphx_c", "MIGraphX (ROCm's migraphx package)"),
-        ),
-    ),
-}  # fmt: skip
-
-
-def provider_options(device_kind: str, device_index: int | None) -> dict[str, str]:
-    if device_kind == "cuda":
-        return {
-            "device_id": str(int(device_index or 0)),
-            "arena_extend_strategy": "kSameAsRequested",
-            "cudnn_conv_algo_search": "EXHAUSTIVE",
-            "do_copy_in_default_stream": "1",
-            "use_tf32": "0",
-        }
-    if device_kind == "rocm":
-        return {"device_id": str(int(device_index or 0)), "migraphx_fp16_enable": "0"}
-    return {}
 
 
 def _library_found(stem: str) -> bool:
@@ -71,25 +24,39 @@ def _library_found(stem: str) -> bool:
     return False
 
 
-def missing_pieces(device_kind: str, library_found: Callable[[str], bool] = _library_found) -> list[str]:
-    return [f"lib{stem} ({what})" for stem, what in PROVIDERS[device_kind].libraries if not library_found(stem)]
+def providers_for(device_kind: str) -> tuple[ProviderSpec, ...]:
+    return installed_accelerators()[device_kind].providers
 
 
-def check_provider_available(device_kind: str, available: list[str]) -> str:
-    spec = PROVIDERS[device_kind]
-    if spec.name not in available:
-        raise UnsupportedDeviceError(
-            f"ONNX Runtime has no {spec.name} in this installation (available: {', '.join(available)}); "
-            f"install the {spec.package} package (and not the plain onnxruntime one) for device {device_kind}"
-        )
-    return spec.name
+def select_provider(device_kind: str, available: list[str]) -> ProviderSpec:
+    """The device's most preferred provider that this ONNX Runtime installation has."""
+    specs = providers_for(device_kind)
+    for spec in specs:
+        if spec.name in available:
+            return spec
+    wanted = " or ".join(f"{spec.name} (package {spec.package})" for spec in specs)
+    packages = " or ".join(spec.package for spec in specs)
+    raise UnsupportedDeviceError(
+        f"ONNX Runtime has no {wanted} in this installation (available: {', '.join(available)}); "
+        f"install the {packages} package (and not the plain onnxruntime one) for device {device_kind}"
+    )
 
 
-def provider_start_error(device_kind: str, started: list[str], detail: str = "", library_found: Callable[[str], bool] = _library_found) -> UnsupportedDeviceError:
+def provider_options(device_kind: str, device_index: int | None, provider: ProviderSpec | None = None) -> dict[str, str]:
+    return (provider or providers_for(device_kind)[0]).options_for(device_index)
+
+
+def missing_pieces(spec: ProviderSpec, library_found: Callable[[str], bool] = _library_found) -> list[str]:
+    return [f"lib{stem} ({what})" for stem, what in spec.libraries if not library_found(stem)]
+
+
+def provider_start_error(
+    device_kind: str, started: list[str], detail: str = "", library_found: Callable[[str], bool] = _library_found, provider: ProviderSpec | None = None
+) -> UnsupportedDeviceError:
     """The error for a session whose provider did not start (ORT logs the reason and falls back to CPU):
     names the missing libraries where some are missing."""
-    spec = PROVIDERS[device_kind]
-    missing = missing_pieces(device_kind, library_found)
+    spec = provider or providers_for(device_kind)[0]
+    missing = missing_pieces(spec, library_found)
     why = f"missing: {'; '.join(missing)}" if missing else "its libraries were found; see ONNX Runtime's log above for the reason"
     extra = f" ({detail})" if detail else ""
     return UnsupportedDeviceError(

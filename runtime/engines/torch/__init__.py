@@ -5,19 +5,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_sr_runtime.engines.feature_memo import VISION_INPUTS, FeatureMemo
+from vllm_sr_runtime.engines import ModelSource
+from vllm_sr_runtime.engines.feature_memo import FeatureMemo, Modalities, vision_inputs
 
 
 class TorchEngine:
     name = "torch"
     golden: dict | None = None  # eager PyTorch is the reference: nothing recorded to replay
 
-    def __init__(self, module: torch.nn.Module, device: torch.device, input_names: tuple[str, ...], shared_input_names: tuple[str, ...] = ()):
+    def __init__(
+        self, module: torch.nn.Module, device: torch.device, input_names: tuple[str, ...], shared_input_names: tuple[str, ...] = (),
+        media_modalities: Modalities = (),
+    ):  # fmt: skip
         self.module = module
         self.device = device
         self.input_names = input_names
         self.shared_input_names = shared_input_names
-        self.memo = FeatureMemo()  # vision features of the request being answered
+        self.media_modalities = media_modalities  # empty: the module reads no media
+        self.memo = FeatureMemo(media_modalities)  # vision features of the request being answered
 
     def _tensors(self, inputs: dict[str, np.ndarray], names: tuple[str, ...]) -> dict[str, torch.Tensor]:
         return {name: torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self.device) for name in names}
@@ -35,7 +40,7 @@ class TorchEngine:
 
     @property
     def reads_media(self) -> bool:
-        return getattr(self.module, "visual", None) is not None
+        return bool(self.media_modalities)
 
     def forward_media(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """Rows that read images/videos: the vision tower (once per request), its features in place of the
@@ -45,5 +50,13 @@ class TorchEngine:
             features = self.memo.features(
                 inputs, lambda pixels, grid: module.visual_features(*self._tensors(inputs, (pixels, grid)).values()), lambda: module.visual_features(None, None)
             )
-            output = module.forward_features(**self._tensors(inputs, tuple(name for name in inputs if name not in VISION_INPUTS)), **features)
+            output = module.forward_features(**self._tensors(inputs, tuple(name for name in inputs if name not in vision_inputs(self.media_modalities))), **features)
         return output.float().cpu().numpy()
+
+
+def build(family: ModelSource, device, profile, **_: object) -> tuple[TorchEngine, str]:
+    """The torch engine plugin: the family's module in its numerics policy for the device's class."""
+    numerics = family.numerics(device.device_class)
+    module = family.build_module(numerics, device.torch_device)
+    modalities = family.media_modalities if family.reads_media else ()
+    return TorchEngine(module, device.torch_device, family.input_names, family.shared_input_names, modalities), numerics.label

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from vllm_sr_runtime.errors import PackageError
 from vllm_sr_runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
-from vllm_sr_runtime.families.base import Batch, Family
+from vllm_sr_runtime.families.base import Batch, ExportSpec, Family
 from vllm_sr_runtime.families.decision2 import package as pkg
 from vllm_sr_runtime.families.decision2.prompt import ROW_MULTIPLE, RenderedQuestion, batch_rows, render_question
 from vllm_sr_runtime.families.decision2.readout import CandidateHead, answer_from_logits
@@ -20,7 +20,7 @@ from vllm_sr_runtime.families.questions import Question
 from vllm_sr_runtime.families.shared_context import continue_from_prefix, suffix_arrays
 from vllm_sr_runtime.families.tokenization import load_plain_tokenizer, pad_token_id
 from vllm_sr_runtime.families.weights import LoraDelta, WeightSource, meta_tensors, tensor_index
-from vllm_sr_runtime.numerics import Numerics
+from vllm_sr_runtime.numerics import BF16_AUTOCAST, FP32, Numerics
 from vllm_sr_runtime.packages.files import read_json
 from vllm_sr_runtime.packages.resolve import PackageRef, resolve_package
 
@@ -77,6 +77,8 @@ class Decision2Family(Family):
         "option_mask": {0: "batch", 1: "options"},
         "query_index": {0: "batch"},
     }
+    numerics_policy = {"cpu": FP32, "gpu": BF16_AUTOCAST}
+    export_spec = ExportSpec(quantized_towers=("backbone.",))
 
     def __init__(self, ref: PackageRef, package: pkg.Decision2Package):
         super().__init__(ref, package)
@@ -87,6 +89,10 @@ class Decision2Family(Family):
     @classmethod
     def detect(cls, root: Path) -> bool:
         return pkg.detect(root)
+
+    def export_module(self, numerics: Numerics, *, weights: bool = True) -> torch.nn.Module:
+        self.merge_adapter = True  # LoRA merged into the base weights: one plain graph
+        return super().export_module(numerics, weights=weights)
 
     @classmethod
     def open(cls, ref: PackageRef, *, base_path: Path | None = None, cache_dir=None, offline=None, **_: Any) -> "Decision2Family":

@@ -12,7 +12,7 @@ from transformers.masking_utils import create_recurrent_attention_mask
 
 from vllm_sr_runtime.errors import InvalidRequest, PackageError
 from vllm_sr_runtime.families.backbones import build_text_model, read_tensors, text_config_from_dict
-from vllm_sr_runtime.families.base import Batch, Family
+from vllm_sr_runtime.families.base import Batch, ExportSpec, Family
 from vllm_sr_runtime.families.decision3 import package as pkg
 from vllm_sr_runtime.families.decision3.media import DecodedImage, DecodedVideo, MediaLimits, decode_media, pair_timestamps
 from vllm_sr_runtime.families.decision3.media_urls import UrlPolicy
@@ -23,7 +23,7 @@ from vllm_sr_runtime.families.questions import Question
 from vllm_sr_runtime.families.shared_context import continue_from_prefix, suffix_arrays
 from vllm_sr_runtime.families.tokenization import load_qwen2_tokenizer, pad_token_id
 from vllm_sr_runtime.families.weights import TensorRef, WeightSource, meta_tensors, parameters_on_meta, tensor_index
-from vllm_sr_runtime.numerics import Numerics
+from vllm_sr_runtime.numerics import BF16, FP32, Numerics
 from vllm_sr_runtime.packages.files import sha256_file
 from vllm_sr_runtime.packages.resolve import PackageRef
 
@@ -46,7 +46,7 @@ class Decision3Module(torch.nn.Module):
         self.noncausal = noncausal
         self.visual = visual  # Qwen3_5VisionModel, for packages with a vision tower
         self.image_token_id, self.video_token_id = media_token_ids
-        # ONNX Attention does not broadcast the mask over query positions; the exporter sets this.
+        # ONNX Attention does not broadcast the mask over query positions; Decision3Family.export_module sets this.
         self.full_mask_over_queries = False
 
     def attention_masks(self, embeds: torch.Tensor, attention_mask: torch.Tensor):
@@ -142,6 +142,9 @@ class Decision3Family(Family):
         "image_features": {0: "image_tokens"},
         "video_features": {0: "video_tokens"},
     }
+    media_modalities = (("pixel_values", "image_grid_thw", "image_features"), ("pixel_values_videos", "video_grid_thw", "video_features"))
+    numerics_policy = {"cpu": FP32, "gpu": BF16}
+    export_spec = ExportSpec(quantized_towers=("text_model.", "visual."))
 
     def __init__(self, ref: PackageRef, package: pkg.Decision3Package):
         super().__init__(ref, package)
@@ -203,6 +206,14 @@ class Decision3Family(Family):
 
     def backbone_config(self):
         return text_config_from_dict("qwen3_5_text", self.package.config["text_config"])
+
+    def export_module(self, numerics: Numerics, *, weights: bool = True) -> torch.nn.Module:
+        module = super().export_module(numerics, weights=weights)
+        module.full_mask_over_queries = True  # ONNX Attention does not broadcast the mask over query positions
+        return module
+
+    def allow_media_urls(self, hosts: tuple[str, ...], allow_private: bool, timeout_s: float) -> None:
+        self.url_policy = UrlPolicy(tuple(hosts), allow_private, timeout_s)
 
     def _weight_index(self, prefix: str) -> dict[str, TensorRef]:
         package = self.package

@@ -1,28 +1,29 @@
-"""The max_speed profile: the family's rows through an exported artifact on ONNX Runtime."""
+"""The onnxruntime engine plugin: a family's rows through an exported artifact (max_speed, and batching or
+shared_context given an artifact). With no artifact, the package's is exported on first use into the cache,
+through the registered exporter (the runtime does not import `export`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_sr_runtime.devices import Device
-from vllm_sr_runtime.engines.onnxruntime import DEVICE_DTYPES, OrtEngine
-from vllm_sr_runtime.engines.onnxruntime.providers import PROVIDERS
 from vllm_sr_runtime.artifacts import read_artifact, registered_exporter
+from vllm_sr_runtime.devices import Device
+from vllm_sr_runtime.engines import ModelSource
+from vllm_sr_runtime.engines.onnxruntime import OrtEngine
 from vllm_sr_runtime.errors import ArtifactError
-from vllm_sr_runtime.families.base import Family
 from vllm_sr_runtime.packages.resolve import default_cache_dir
 
 
 def default_variant(device: Device) -> str:
-    return PROVIDERS[device.kind].variant or "contrib"
+    return device.spec.variant or "contrib"
 
 
-def cached_artifact_dir(family: Family, variant: str, dtype: str, cache_dir=None) -> Path:
+def cached_artifact_dir(family: ModelSource, variant: str, dtype: str, cache_dir=None) -> Path:
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     return root / "artifacts" / f"{family.model_name}@{family.package.model_sha256[:8]}" / f"{variant}-{dtype}"
 
 
-def ensure_cached_artifact(family: Family, variant: str, cache_dir=None) -> Path:
+def ensure_cached_artifact(family: ModelSource, variant: str, cache_dir=None) -> Path:
     """The cache's artifact for this package, exported on first use. A file lock makes concurrent first uses
     (several gunicorn workers, several processes) export once; the others wait and reuse it."""
     import fcntl
@@ -40,14 +41,16 @@ def ensure_cached_artifact(family: Family, variant: str, cache_dir=None) -> Path
     return target
 
 
-def _lacks_media_graphs(family: Family, artifact: Path) -> bool:
+def _lacks_media_graphs(family: ModelSource, artifact: Path) -> bool:
     import json
 
     return family.reads_media and not json.loads((artifact / "artifact.json").read_text()).get("media")
 
 
-def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir=None, shared_context: bool = False, **_: object):
-    """The artifact's engine; with `shared_context` also its forward_shared graph (profile shared_context)."""
+def build(family: ModelSource, device: Device, profile, *, artifact=None, cache_dir=None, **_: object) -> tuple[OrtEngine, str]:
+    """The artifact's engine; for a profile that shares a prefix also its forward_shared graph."""
+    if family.export_spec is None:
+        raise ArtifactError(f"model {family.model_name} ({family.name}) has no exported graphs: profile {profile.name} cannot run it on onnxruntime")
     variant = default_variant(device)
     if artifact is None:
         artifact = ensure_cached_artifact(family, variant, cache_dir)
@@ -59,13 +62,13 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
             f"artifact {artifact} was exported from model {source['model_sha256'][:12]}…, not this package "
             f"({family.package.model_sha256[:12]}…)"
         )
-    needed = PROVIDERS[device.kind].variant
+    needed = device.spec.variant
     if needed and manifest["variant"] != needed:
         raise ArtifactError(f"device {device.name} needs the {needed} variant, artifact {artifact} is {manifest['variant']}")
-    runs = DEVICE_DTYPES.get(device.kind, ())
+    runs = device.spec.artifact_dtypes
     if manifest["dtype"] not in runs:
         raise ArtifactError(
-            f"artifact {artifact} is {manifest['dtype']}; {PROVIDERS[device.kind].name} on {device.name} runs {', '.join(runs)} artifacts "
+            f"artifact {artifact} is {manifest['dtype']}; {device.name} runs {', '.join(runs)} artifacts "
             f"(export one with --dtype {runs[0]})"
         )
     root = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -73,16 +76,18 @@ def max_speed_engine(family: Family, device: Device, *, artifact=None, cache_dir
         artifact / manifest["model_file"], device_kind=device.kind, device_index=device.index, output_name=family.output_name,
         optimized_cache=root / "ort-optimized", buckets=manifest.get("buckets"),
     )  # fmt: skip
-    if shared_context:
+    if profile.shares_prefix:
         shared = manifest.get("shared_context")
         if not shared:
             raise ArtifactError(f"artifact {artifact} has no shared_context graph; export it with --shared-context")
         engine.attach_shared(artifact / shared["model_file"])
     media = manifest.get("media")
     if media:
-        from vllm_sr_runtime.families.decision3.vision_segments import VisionLayout
+        from vllm_sr_runtime.engines.onnxruntime.vision_segments import VisionLayout
 
-        engine.attach_media(artifact / media["vision"]["model_file"], artifact / media["text"]["model_file"], VisionLayout(**media["vision"]["layout"]))
+        engine.attach_media(
+            artifact / media["vision"]["model_file"], artifact / media["text"]["model_file"], VisionLayout(**media["vision"]["layout"]), family.media_modalities
+        )  # fmt: skip
     engine.artifact = manifest
     engine.golden = manifest.get("golden")
     engine.model_path = artifact / manifest["model_file"]

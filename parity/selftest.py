@@ -80,10 +80,10 @@ def devices_found() -> dict:
 
 
 def _fixture(name: str, spec: dict, root: Path) -> tuple[Path, Path | None]:
-    from vllm_sr_runtime.fixtures.writer import write_fixture
+    from vllm_sr_runtime.synthetic.writer import write_synthetic_package
 
     out = root / name
-    written = write_fixture(spec["family"], out, backbone=spec.get("backbone"), size=spec.get("size", "tiny"), adapter=spec.get("adapter", False), readout_scale=READOUT_SCALE)  # fmt: skip
+    written = write_synthetic_package(spec["family"], out, backbone=spec.get("backbone"), size=spec.get("size", "tiny"), adapter=spec.get("adapter", False), readout_scale=READOUT_SCALE)  # fmt: skip
     return out, (written[1] if len(written) > 1 else None)
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_sr_runtime.synthetic.media import data_url, gradient, moving_square_video, png_bytes
+
 TOPICS = [
     "Write a Python function that merges two sorted lists and explain its running time.",
     "Summarise the attached quarterly report for the board in three bullet points.",
@@ -120,8 +122,8 @@ def short_suite(max_input_tokens: int, questions: int = 80) -> list[SuiteRequest
 
 def media_requests(rng: random.Random) -> list[SuiteRequest]:
     """Deterministic synthetic media: gradient images of several sizes and a short clip (PyAV)."""
-    images = [_image_url(width, height, rng.randrange(1 << 30)) for width, height in ((320, 240), (640, 360), (96, 512))]
-    video = _video_url(rng.randrange(1 << 30))
+    images = [data_url("image/png", png_bytes(gradient(width, height, rng.randrange(1 << 30)))) for width, height in ((320, 240), (640, 360), (96, 512))]
+    video = data_url("video/mp4", moving_square_video(rng.randrange(1 << 30)))
     ask = {
         "c0": _choice(rng, 4), "n1": _noul(rng), "s2": _score(rng, 5),
         "c3": {"type": "choice", "instructions": "Which object is in the picture?", "criteria": {"cat": None, "dog": None, "car": "a vehicle", "tree": None}},
@@ -132,46 +134,6 @@ def media_requests(rng: random.Random) -> list[SuiteRequest]:
         SuiteRequest(id="media-video", state="What happens in the clip?", questions=ask, videos=[video]),
         SuiteRequest(id="media-image-video", state="Does the picture match the clip?", questions=ask, images=images[:1], videos=[video]),
     ]
-
-
-def _image_url(width: int, height: int, seed: int) -> str:
-    import base64
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    pixels = np.stack([(x * 255 // max(1, width - 1)), (y * 255 // max(1, height - 1)), np.full_like(x, rng.integers(0, 255))], axis=-1)
-    noisy = np.clip(pixels + rng.integers(-20, 20, pixels.shape), 0, 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(noisy).save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
-def _video_url(seed: int, frames: int = 24, fps: int = 8, size: int = 96) -> str:
-    import base64
-    import io
-
-    import av
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width = stream.height = size
-        stream.pix_fmt = "yuv420p"
-        base = rng.integers(0, 255, (size, size, 3))
-        for index in range(frames):  # a bright square moving over a fixed noisy background
-            frame = base.copy()
-            frame[10:40, (index * 3) % (size - 30) : (index * 3) % (size - 30) + 30] = 255
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame.astype(np.uint8), format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return "data:video/mp4;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def load_jsonl(path: Path) -> list[SuiteRequest]:

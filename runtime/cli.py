@@ -18,9 +18,9 @@ def _add_source_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_fixture(args: argparse.Namespace) -> int:
-    from vllm_sr_runtime.fixtures.writer import write_fixture
+    from vllm_sr_runtime.synthetic.writer import write_synthetic_package
 
-    written = write_fixture(
+    written = write_synthetic_package(
         args.family,
         Path(args.out),
         backbone=args.backbone,

@@ -10,17 +10,14 @@ from typing import Any
 
 import numpy as np
 
+from vllm_sr_runtime.defaults import DEFAULT_BATCH_TOKENS, DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.devices import Device, parse_device
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.base import Family, Plan
-from vllm_sr_runtime.families.shared_context import DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.profiles import build_engine, profile_named
 from vllm_sr_runtime.packages.resolve import resolve_package
-
-
-DEFAULT_BATCH_TOKENS = 65_536  # padded tokens per cross-request pass
 
 
 @dataclass

@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("VLLM_SR_RUNTIME_CACHE_DIR", tempfile.mkdtemp(prefix="vsr-test-cache-"))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from vllm_sr_runtime.fixtures.writer import write_fixture  # noqa: E402
+from vllm_sr_runtime.synthetic.writer import write_synthetic_package  # noqa: E402
 
 # name -> (family, options)
 PACKAGE_KINDS = {
@@ -49,7 +49,7 @@ def packages(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("packages")
     written = {}
     for name, (family, options) in PACKAGE_KINDS.items():
-        written[name] = write_fixture(family, root / name, **options)[0]
+        written[name] = write_synthetic_package(family, root / name, **options)[0]
     return written
 
 

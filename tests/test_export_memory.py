@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from vllm_sr_runtime.fixtures.writer import write_fixture
+from vllm_sr_runtime.synthetic.writer import write_synthetic_package
 
 SHALLOW, DEEP = 2, 8
 
@@ -34,7 +34,7 @@ def trace_and_write_peak(package, out, dtype: str) -> int:
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_trace_and_write_memory_does_not_follow_depth(tmp_path, dtype):
     # Kai's width (hidden 1024, FFN 3072, 16 heads, head dim 128): each extra layer holds ~58 MB of fp32 weights.
-    packages = {layers: write_fixture("decision2", tmp_path / f"kai-{layers}", backbone="qwen3", size="kai", layers=layers)[0] for layers in (SHALLOW, DEEP)}
+    packages = {layers: write_synthetic_package("decision2", tmp_path / f"kai-{layers}", backbone="qwen3", size="kai", layers=layers)[0] for layers in (SHALLOW, DEEP)}
     extra = (DEEP - SHALLOW) * layer_parameters(1024, 3072, 16, 8, 128) * 4
     assert extra > 300 * 2**20
     peaks = {layers: trace_and_write_peak(packages[layers], tmp_path / f"artifact-{layers}", dtype) for layers in (SHALLOW, DEEP)}

@@ -11,7 +11,7 @@ import pytest
 import vllm_sr_runtime
 from vllm_sr_runtime.export.exporter import export_package
 from vllm_sr_runtime.errors import VerificationError
-from vllm_sr_runtime.fixtures.writer import write_fixture
+from vllm_sr_runtime.synthetic.writer import write_synthetic_package
 from vllm_sr_runtime.golden import GOLDEN_REQUESTS, GOLDEN_SUITE, verify_golden
 from vllm_sr_runtime.packages.files import GOLDEN_FILE
 from server_harness import Server
@@ -29,7 +29,7 @@ def off_by_far(value):
 @pytest.fixture(scope="module")
 def golden_package(tmp_path_factory):
     root = tmp_path_factory.mktemp("golden")
-    package = write_fixture("decision2", root / "d2", backbone="qwen3", golden=True)[0]
+    package = write_synthetic_package("decision2", root / "d2", backbone="qwen3", golden=True)[0]
     artifact = root / "artifact"
     export_package(package, artifact, progress=False)
     return package, artifact

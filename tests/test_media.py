@@ -3,15 +3,13 @@ every limit and bad input becomes a 400 or 413 error before heavy work."""
 
 from __future__ import annotations
 
-import io
 import struct
 import zlib
 
 import numpy as np
 import pytest
-from PIL import Image
 
-from vllm_sr_runtime.bench.media import data_url
+from vllm_sr_runtime.synthetic.media import data_url, mp4_bytes, png_bytes, solid
 from vllm_sr_runtime.errors import InvalidRequest, RequestTooLarge
 from vllm_sr_runtime.families.decision3.media import (
     MediaLimits,
@@ -27,9 +25,7 @@ from vllm_sr_runtime.families.decision3.media import (
 
 
 def png(width: int, height: int, color=(200, 30, 60)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), color).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return png_bytes(solid(width, height, color))
 
 
 def png_header_only(width: int, height: int) -> bytes:
@@ -43,21 +39,7 @@ def png_header_only(width: int, height: int) -> bytes:
 
 
 def mp4(frames: int, fps: int = 10, size: int = 64) -> bytes:
-    import av
-
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width = stream.height = size
-        stream.pix_fmt = "yuv420p"
-        container.start_encoding()  # the header even when no frame follows
-        for index in range(frames):
-            array = np.full((size, size, 3), (index * 8) % 256, dtype=np.uint8)
-            for packet in stream.encode(__import__("av").VideoFrame.from_ndarray(array, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buffer.getvalue()
+    return mp4_bytes(frames, fps, size, size, lambda index: solid(size, size, ((index * 8) % 256,) * 3))
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import vllm_sr_runtime
 from conftest import PACKAGE_KINDS, load_kwargs
 from vllm_sr_runtime.errors import PackageError
 from vllm_sr_runtime.families import detect_family
-from vllm_sr_runtime.fixtures.writer import write_fixture
+from vllm_sr_runtime.synthetic.writer import write_synthetic_package
 from vllm_sr_runtime.packages.resolve import resolve_package
 
 
@@ -141,14 +141,14 @@ def test_parameter_count_mismatch_is_refused(packages, tmp_path):
 @pytest.mark.parametrize("name", ["d3", "d2_lora", "d2_calibrated"])
 def test_same_seed_same_bytes(tmp_path, name):
     family, options = PACKAGE_KINDS[name]
-    first = write_fixture(family, tmp_path / "a", seed=3, **options)
-    second = write_fixture(family, tmp_path / "b", seed=3, **options)
+    first = write_synthetic_package(family, tmp_path / "a", seed=3, **options)
+    second = write_synthetic_package(family, tmp_path / "b", seed=3, **options)
     for left, right in zip(first, second):
         files = sorted(p.relative_to(left) for p in left.rglob("*") if p.is_file())
         assert files == sorted(p.relative_to(right) for p in right.rglob("*") if p.is_file())
         match, mismatch, errors = filecmp.cmpfiles(left, right, [str(f) for f in files], shallow=False)
         assert not mismatch and not errors
-    other = write_fixture(family, tmp_path / "c", seed=4, **options)
+    other = write_synthetic_package(family, tmp_path / "c", seed=4, **options)
     assert (other[0] / "MODEL_MANIFEST.json").read_bytes() != (first[0] / "MODEL_MANIFEST.json").read_bytes()
 
 
@@ -228,13 +228,13 @@ def test_a_pin_accepts_full_commits_and_prefixes_of_its_revisions():
 
 
 def test_fixture_max_length_sets_the_prompt_limit(tmp_path):
-    (root,) = write_fixture("decision3", tmp_path / "p", max_length=1024)
+    (root,) = write_synthetic_package("decision3", tmp_path / "p", max_length=1024)
     model = vllm_sr_runtime.load(root)
     assert model.family.max_input_tokens == 1024
     answers = model.ask("word " * 1500, {"q": {"type": "noul", "instructions": "ok?"}})
     assert answers["q"]["error"] == "max_length_exceeded" and "1024" in answers["q"]["message"]
     assert model.ask("word " * 500, {"q": {"type": "noul", "instructions": "ok?"}})["q"]["type"] == "noul"
     with pytest.raises(ValueError, match="--max-length must be within"):
-        write_fixture("decision3", tmp_path / "q", max_length=1 << 20)
+        write_synthetic_package("decision3", tmp_path / "q", max_length=1 << 20)
     with pytest.raises(ValueError, match="Decision 3.0 options"):
-        write_fixture("decision2", tmp_path / "r", max_length=2048)
+        write_synthetic_package("decision2", tmp_path / "r", max_length=2048)

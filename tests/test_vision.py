@@ -4,7 +4,6 @@ Qwen2-VL image processor; through the real server, every bad input is a 4xx."""
 
 from __future__ import annotations
 
-import io
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import vllm_sr_runtime
 from vllm_sr_runtime.errors import InvalidRequest
 from server_harness import Contract, Server
 from test_media import data_url, mp4, png, png_header_only
+from vllm_sr_runtime.synthetic.media import noise, png_bytes
 
 CONTRACT = Contract()
 QUESTIONS = {
@@ -24,9 +24,7 @@ QUESTIONS = {
 
 
 def noisy_png(width: int, height: int, seed: int = 0) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return png_bytes(noise(width, height, seed))
 
 
 IMAGE = data_url("image/png", noisy_png(300, 200))

@@ -27,8 +27,8 @@ def default_model(cache_dir: str | None) -> str:
         print(f"no model given: writing a tiny synthetic Decision 3.0 package to {target}", flush=True)
         code = (
             "import sys; from pathlib import Path; from vllm_sr_runtime.artifacts import atomic_directory; "
-            "from vllm_sr_runtime.fixtures.writer import write_fixture\n"
-            "with atomic_directory(Path(sys.argv[1])) as temp: write_fixture('decision3', temp, golden=True)"
+            "from vllm_sr_runtime.synthetic.writer import write_synthetic_package\n"
+            "with atomic_directory(Path(sys.argv[1])) as temp: write_synthetic_package('decision3', temp, golden=True)"
         )
         subprocess.run([sys.executable, "-c", code, str(target)], check=True)
     return str(target)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Sequence
 
 from vllm_sr_runtime.families.questions import Question
+from vllm_sr_runtime.packages.files import canonical_text
 
 
 def softmax(values: Sequence[float]) -> list[float]:
@@ -43,7 +43,7 @@ def argmax_first(probabilities: Sequence[float], tie_tolerance: float) -> int:
 
 
 def legend_text(level: Any) -> str:
-    return level if isinstance(level, str) else json.dumps(level, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return level if isinstance(level, str) else canonical_text(level)
 
 
 def build_answer(question: Question, probabilities: Sequence[float], *, tie_tolerance: float) -> dict:

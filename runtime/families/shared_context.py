@@ -15,9 +15,6 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-# (questions - 1) x prefix tokens saved below which a request runs the plain rows: the second pass, the
-# cache copy per row and the concatenated attention cost about this much (measured on d3-lite-class, CPU).
-DEFAULT_MIN_SAVED_TOKENS = 64
 
 
 def common_prefix_length(items: list[Any], limit_of) -> int:

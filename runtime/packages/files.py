@@ -28,9 +28,15 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def canonical_text(value: object) -> str:
+    """Sorted keys, compact separators, no ASCII escaping: JSON's one canonical form (identity hashes, and the
+    prompts that embed JSON values)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: object) -> bytes:
-    """Sorted keys, compact separators, UTF-8: the form every identity hash is taken over."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    """canonical_text as UTF-8: the form every identity hash is taken over."""
+    return canonical_text(value).encode()
 
 
 def _containment_root(root: Path) -> Path:

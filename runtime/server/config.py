@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from vllm_sr_runtime.defaults import DEFAULT_BATCH_TOKENS, DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.packages.resolve import parse_model_ref
 
@@ -60,8 +61,8 @@ class ServeConfig:
     max_bundle_tasks: int = 64  # tasks per POST /v1/bundle
     default_deadline_ms: int = DEFAULT_DEADLINE_MS
     batch_window_ms: float = 2.0
-    max_batch_tokens: int = 65_536
-    shared_min_tokens: int = 64
+    max_batch_tokens: int = DEFAULT_BATCH_TOKENS
+    shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS
     allow_approximate_shared_context: bool = False  # shared_context for models where it is not exact (non-causal)
     media_url_allow: tuple[str, ...] = ()  # hosts whose http(s) media URLs may be fetched; empty: none
     media_url_allow_private: bool = False

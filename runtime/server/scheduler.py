@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from vllm_sr_runtime.defaults import DEFAULT_BATCH_TOKENS
 from vllm_sr_runtime.errors import Overloaded
 from vllm_sr_runtime.families.base import Plan
 from vllm_sr_runtime.model import DecisionModel, Response
@@ -48,7 +49,7 @@ class Scheduler:
         *,
         max_queue: int,
         batch_window_ms: float = 2.0,
-        max_batch_tokens: int = 65_536,
+        max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
         on_batch: Callable[[Any], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
         on_drop: Callable[[Job], None] | None = None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +10,7 @@ from tokenizers import Tokenizer
 
 from vllm_sr_runtime.errors import QuestionError
 from vllm_sr_runtime.families.questions import Question
+from vllm_sr_runtime.packages.files import canonical_text
 
 PROMPT_VERSION = "decision2-segmented-options-global-query-v1"
 SUFFIX = "\n\nSelect the single option best supported by the context and instructions.\nDecision:"
@@ -18,12 +18,8 @@ NOUL_DEFAULTS = ("No", "Yes")
 ROW_MULTIPLE = 8
 
 
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
 def as_text(value: Any) -> str:
-    return value if isinstance(value, str) else canonical(value)
+    return value if isinstance(value, str) else canonical_text(value)
 
 
 def option_descriptions(question: Question) -> list[Any]:
@@ -36,7 +32,7 @@ def segments(state: Any, question: Question) -> tuple[str, list[str], str]:
     instructions = "" if question.instructions is None else as_text(question.instructions)
     prefix = f"Context:\n{as_text(state)}\n\nTask type: {question.type}\nQuestion:\n{instructions}\nOptions:"
     options = [
-        "\n<option>\n" + canonical({"key": option.key, "description": description}) + "\n</option>"
+        "\n<option>\n" + canonical_text({"key": option.key, "description": description}) + "\n</option>"
         for option, description in zip(question.options, option_descriptions(question))
     ]
     return prefix, options, SUFFIX

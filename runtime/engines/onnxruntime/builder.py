@@ -68,7 +68,7 @@ def build(family: ModelSource, device: Device, profile, *, artifact=None, cache_
     runs = device.spec.artifact_dtypes
     if manifest["dtype"] not in runs:
         raise ArtifactError(
-            f"artifact {artifact} is {manifest['dtype']}; {device.name} runs {', '.join(runs)} artifacts "
+            f"artifact {artifact} is {manifest['dtype']}; {' or '.join(p.name for p in device.spec.providers)} on {device.name} runs {', '.join(runs)} artifacts "
             f"(export one with --dtype {runs[0]})"
         )
     root = Path(cache_dir) if cache_dir else default_cache_dir()

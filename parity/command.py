@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vllm_sr_runtime.defaults import DEFAULT_MIN_SAVED_TOKENS
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +66,7 @@ def register(sub) -> None:
     parser.add_argument("--out", default="parity-report")
     parser.add_argument("--max-changed-rate", type=float, help="fail when more than this fraction of decisions change")
     parser.add_argument("--max-abs-diff", type=float, help="fail when any probability moves by more than this")
-    parser.add_argument("--shared-min-tokens", type=int, default=64, help="shared_context: break-even, (questions - 1) x prefix tokens")
+    parser.add_argument("--shared-min-tokens", type=int, default=DEFAULT_MIN_SAVED_TOKENS, help="shared_context: break-even, (questions - 1) x prefix tokens")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")

@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
         shared_context=args.shared_context,
         smoke=args.smoke,
         lengths=tuple(int(x) for x in args.lengths.split(",")) if args.lengths else None,
+        int8_activations=args.int8_activations,
     )
     smoke = manifest["smoke_parity"]
     ops = sum(manifest["op_counts"].values())
@@ -74,6 +75,10 @@ def register(sub) -> None:
         "--lengths", metavar="N,N,...",
         help="portable: the static sequence lengths, one graph each (multiples of 64; default powers of two from 128 to the "
         "package's longest prompt, which always gets one). Each graph is compiled, and holds its weights, on MIGraphX",
+    )  # fmt: skip
+    parser.add_argument(
+        "--int8-activations", default="token", choices=["token", "tensor"],
+        help="--dtype int8: one activation scale per token (default; robust to outlier tokens) or per tensor (ORT quantize_dynamic's form)",
     )  # fmt: skip
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")

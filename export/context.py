@@ -26,3 +26,4 @@ class ExportContext:
     reuse: dict[Provenance, tuple[str, int, int]] = field(default_factory=dict)  # the main graph's weights, where written
     engine: Any = None  # the ORT engine over the main graph, once it loaded
     eager: torch.nn.Module | None = None  # the module with its weights, while the smoke parity runs
+    int8_activations: str = "token"  # --dtype int8: activation scales per token or per tensor

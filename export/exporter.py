@@ -17,6 +17,7 @@ from vllm_sr_runtime.export.context import ExportContext
 from vllm_sr_runtime.export.disk_space import check_disk_space
 from vllm_sr_runtime.export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
 from vllm_sr_runtime.export.graph_passes import op_counts
+from vllm_sr_runtime.export.int8 import ACTIVATION_FORMS, INT8_FP32_PROJECTIONS
 from vllm_sr_runtime.export.phases import PhaseClock
 from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, plan_smoke, smoke_parity
 from vllm_sr_runtime.export.static_graphs import check_cuda_kernels, static_sequence_lengths, write_static_graphs
@@ -57,11 +58,13 @@ def export_package(
     shared_context: bool = False,
     smoke: str = "auto",
     lengths: tuple[int, ...] | None = None,
+    int8_activations: str = "token",
 ) -> dict:
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     return export_family(
-        family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context, smoke=smoke, lengths=lengths
+        family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context, smoke=smoke, lengths=lengths,
+        int8_activations=int8_activations,
     )
 
 
@@ -76,6 +79,7 @@ def export_family(
     shared_context: bool = False,
     smoke: str = "auto",
     lengths: tuple[int, ...] | None = None,
+    int8_activations: str = "token",
 ) -> dict:
     """Trace, lower, write, check and smoke-test one artifact. `shared_context` adds a second graph,
     the module's forward_shared (prefix once, question rows continue from its state), for that profile
@@ -96,6 +100,8 @@ def export_family(
         raise ArtifactError(f"--dtype {dtype} is for the contrib variant (the CUDA provider); the portable variant takes {', '.join(PORTABLE_DTYPES)}")
     if shared_context and variant == "portable":
         raise ArtifactError("--shared-context needs the contrib variant (the portable graphs have no past-state input)")
+    if int8_activations not in ACTIVATION_FORMS:
+        raise ValueError(f"int8 activations must be one of {', '.join(ACTIVATION_FORMS)}")
     if smoke not in SMOKE_MODES:
         raise ValueError(f"smoke must be one of {', '.join(SMOKE_MODES)}")
     if variant == "portable" and family.reads_media:
@@ -124,7 +130,7 @@ def export_family(
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers)
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations)
             reuse = main_weights["index"]
             buckets = write_static_graphs(proto, temp, family, gdn, static_lengths, MODEL_FILE) if static_lengths else None
             del traced, proto
@@ -156,7 +162,7 @@ def export_family(
                 golden = golden_answers(family, eager)
             bar.update()
             context = ExportContext(
-                family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager
+                family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations,
             )  # fmt: skip
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
@@ -166,6 +172,8 @@ def export_family(
             manifest["buckets"] = buckets
             manifest["golden"] = golden  # None when the smoke parity did not run (no eager model to answer)
             manifest["cuda_kernels"] = cuda_check
+            if dtype == "int8":
+                manifest["int8"] = {"activations": f"per {int8_activations}", "weights": "per output channel, symmetric", "kept_fp32": list(INT8_FP32_PROJECTIONS)}
             manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
             manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed, "weights": "streamed from the package"}
             write_manifest(temp, manifest)
@@ -190,7 +198,7 @@ def _export_shared(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("shared write")
-    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
     del model, traced

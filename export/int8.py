@@ -1,10 +1,12 @@
 """`--dtype int8` applied to the traced graph before its weights are written, one weight at a time.
 
-The graph gets the pattern ONNX Runtime's dynamic quantizer (`quantize_dynamic`, per-channel, signed int8
-weights) writes, and ORT fuses it at session start into DynamicQuantizeMatMul / MatMulIntegerToFloat:
-each activation read by quantized MatMuls is quantized once (DynamicQuantizeLinear, uint8, one scale per
-tensor) and shared by all of them; each weight is quantized symmetrically with one scale per output
-column. The quantized weight is computed when the writer reaches it, from the package's tensor, so the
+Each weight is quantized symmetrically to int8 with one scale per output column. Each activation read by
+quantized MatMuls is quantized once and shared by all of them (q, k and v read one), in one of two forms:
+- `token` (default): one scale per token (row), symmetric, stored as uint8 around a fixed zero point of 128 so
+  ORT's fast u8 x s8 MatMulInteger kernel runs it. One outlier token no longer costs every other token its
+  precision, which is what broke int8 on packages the rule was not tuned on.
+- `tensor`: ORT's dynamic quantizer's pattern (`quantize_dynamic`: DynamicQuantizeLinear, uint8, one scale
+  for the whole tensor), which ORT fuses into DynamicQuantizeMatMul / MatMulIntegerToFloat. The quantized weight is computed when the writer reaches it, from the package's tensor, so the
 exporter never holds more than one weight; the values are those of `quantize_dynamic`
 (`onnxruntime.quantization.quant_utils.quantize_data`, vectorized), which a test checks.
 """
@@ -26,6 +28,8 @@ from vllm_sr_runtime.export.streaming import TracedGraph
 # (other groups kept FP32 instead: 3-11/39).
 INT8_FP32_PROJECTIONS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight")
 QMAX = 127  # symmetric signed int8 weights: [-127, 127] (ORT's WeightSymmetric default for QInt8)
+ACTIVATION_FORMS = ("token", "tensor")
+TOKEN_ZERO_POINT = 128  # per-token activations: round(x / scale) in [-127, 127], stored as uint8 + 128
 BLOCK_ROWS = 1024  # rows quantized per step, so temporaries stay a fraction of the weight
 
 
@@ -74,11 +78,15 @@ class _QuantizedWeight:
         return ir.tensor(scale)
 
 
-def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool]) -> int:
+def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool], activations: str = "token") -> int:
     """Rewrite every FP32 MatMul whose weight is a package tensor (or its transpose) that `keep_fp32` does
-    not keep into the dynamic int8 pattern; returns how many were rewritten."""
+    not keep into a dynamic int8 MatMul (activations quantized per `token` or per `tensor`); returns how many
+    were rewritten."""
+    if activations not in ACTIVATION_FORMS:
+        raise ValueError(f"int8 activations are quantized per {' or per '.join(ACTIVATION_FORMS)}, not {activations!r}")
     graph = traced.model.graph
-    activations: dict[int, tuple[ir.Value, ir.Value, ir.Value]] = {}
+    constants = _Constants(graph)
+    quantized_inputs: dict[int, tuple[ir.Value, ir.Value, ir.Value]] = {}
     weights: dict[int, tuple[ir.Value, ir.Value, ir.Value]] = {}
     rewritten = 0
     for node in list(graph):
@@ -93,31 +101,79 @@ def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool]) -> i
         if provenance[0] == "transpose" and provenance[2] != (1, 0):
             continue
         new_nodes = []
-        if id(activation) not in activations:
-            dynamic = ir.Node("", "DynamicQuantizeLinear", [activation], num_outputs=3, name=f"{activation.name}_QuantizeLinear")
-            for output, suffix in zip(dynamic.outputs, ("quantized", "scale", "zero_point")):
-                output.name = f"{activation.name}_{suffix}"
-            new_nodes.append(dynamic)
-            activations[id(activation)] = tuple(dynamic.outputs)
+        if id(activation) not in quantized_inputs:
+            nodes, quantized_inputs[id(activation)] = (_per_token if activations == "token" else _per_tensor)(activation, constants)
+            new_nodes += nodes
         if id(weight) not in weights:
             weights[id(weight)] = _quantized_weight(traced, weight, provenance)
-        a_q, a_scale, a_zero = activations[id(activation)]
+        a_q, a_scale, a_zero = quantized_inputs[id(activation)]
         w_q, w_scale, w_zero = weights[id(weight)]
         base = node.name or node.outputs[0].name
         integer = ir.Node("", "MatMulInteger", [a_q, w_q, a_zero, w_zero], name=f"{base}_quant")
         integer.outputs[0].name = f"{node.outputs[0].name}_output_quantized"
         cast = ir.Node("", "Cast", integer.outputs, [ir.AttrInt64("to", ir.DataType.FLOAT)], name=f"{base}_cast")
         cast.outputs[0].name = f"{integer.outputs[0].name}_cast_output"
-        scales = ir.Node("", "Mul", [a_scale, w_scale], name=f"{base}_scales_mul")
-        scales.outputs[0].name = f"{base}_scales_mul:0"
-        result = ir.Node("", "Mul", [cast.outputs[0], scales.outputs[0]], name=f"{base}_output_scale_mul")
-        new_nodes += [integer, cast, scales, result]
+        if activations == "tensor":  # quantize_dynamic's pattern, which ORT fuses (MatMulIntegerToFloat)
+            scales = ir.Node("", "Mul", [a_scale, w_scale], name=f"{base}_scales_mul")
+            scales.outputs[0].name = f"{base}_scales_mul:0"
+            result = ir.Node("", "Mul", [cast.outputs[0], scales.outputs[0]], name=f"{base}_output_scale_mul")
+            new_nodes += [integer, cast, scales, result]
+        else:
+            # Rows by their own scales, then columns by theirs. Not Mul(a_scale, w_scale): ORT's
+            # MatMulIntegerToFloat fusion would match that and read the [tokens, 1] scale as a per-tensor one.
+            rows = _node("Mul", [cast.outputs[0], a_scale], f"{base}_row_scale_mul")
+            result = ir.Node("", "Mul", [rows.outputs[0], w_scale], name=f"{base}_output_scale_mul")
+            new_nodes += [integer, cast, rows, result]
         ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [node.outputs[0]], [result.outputs[0]])
         rewritten += 1
     for name, value in list(graph.initializers.items()):
         if not value.uses() and not value.is_graph_output():
             graph.initializers.pop(name)
     return rewritten
+
+
+class _Constants:
+    """Scalar initializers the activation quantization reads, registered once per graph."""
+
+    def __init__(self, graph: ir.Graph):
+        self.graph, self.values = graph, {}
+
+    def get(self, name: str, array: np.ndarray) -> ir.Value:
+        if name not in self.values:
+            value = ir.Value(name=f"int8_{name}", shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array, name=f"int8_{name}"))
+            self.graph.register_initializer(value)
+            self.values[name] = value
+        return self.values[name]
+
+
+def _node(op: str, inputs: list[ir.Value], name: str, attributes: list | None = None) -> ir.Node:
+    node = ir.Node("", op, inputs, attributes or [], name=name)
+    node.outputs[0].name = name
+    return node
+
+
+def _per_tensor(activation: ir.Value, constants: _Constants) -> tuple[list[ir.Node], tuple[ir.Value, ir.Value, ir.Value]]:
+    """quantize_dynamic's form: DynamicQuantizeLinear (uint8, one scale and zero point for the tensor)."""
+    dynamic = ir.Node("", "DynamicQuantizeLinear", [activation], num_outputs=3, name=f"{activation.name}_QuantizeLinear")
+    for output, suffix in zip(dynamic.outputs, ("quantized", "scale", "zero_point")):
+        output.name = f"{activation.name}_{suffix}"
+    return [dynamic], tuple(dynamic.outputs)
+
+
+def _per_token(activation: ir.Value, constants: _Constants) -> tuple[list[ir.Node], tuple[ir.Value, ir.Value, ir.Value]]:
+    """One symmetric scale per token: scale = max |x| over the row / 127 (a floor keeps all-zero rows finite),
+    q = round(x / scale) + 128 as uint8, zero point 128, so the MatMul runs ORT's u8 x s8 kernel."""
+    name = activation.name
+    absolute = _node("Abs", [activation], f"{name}_abs")
+    peak = _node("ReduceMax", [absolute.outputs[0], constants.get("last_axis", np.array([-1], dtype=np.int64))], f"{name}_row_max", [ir.AttrInt64("keepdims", 1)])
+    scaled = _node("Mul", [peak.outputs[0], constants.get("inverse_qmax", np.array(1.0 / QMAX, dtype=np.float32))], f"{name}_row_scale_raw")
+    scale = _node("Max", [scaled.outputs[0], constants.get("scale_floor", np.array(np.finfo(np.float32).tiny, dtype=np.float32))], f"{name}_row_scale")
+    divided = _node("Div", [activation, scale.outputs[0]], f"{name}_divided")
+    rounded = _node("Round", [divided.outputs[0]], f"{name}_rounded")
+    shifted = _node("Add", [rounded.outputs[0], constants.get("zero_point_float", np.array(float(TOKEN_ZERO_POINT), dtype=np.float32))], f"{name}_shifted")
+    quantized = _node("Cast", [shifted.outputs[0]], f"{name}_quantized", [ir.AttrInt64("to", ir.DataType.UINT8)])
+    zero = constants.get("zero_point", np.array(TOKEN_ZERO_POINT, dtype=np.uint8))
+    return [absolute, peak, scaled, scale, divided, rounded, shifted, quantized], (quantized.outputs[0], scale.outputs[0], zero)
 
 
 def _quantized_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple) -> tuple[ir.Value, ir.Value, ir.Value]:

@@ -11,7 +11,7 @@ from vllm_sr_runtime.defaults import DEFAULT_MIN_SAVED_TOKENS
 
 def run(args: argparse.Namespace) -> int:
     import vllm_sr_runtime
-    from vllm_sr_runtime.parity.compare import compare, gates, summarize
+    from vllm_sr_runtime.parity.compare import compare, default_gates, gates, summarize
     from vllm_sr_runtime.parity.report import write_report
     from vllm_sr_runtime.parity.suite import builtin_suite, load_jsonl, short_suite
 
@@ -28,7 +28,13 @@ def run(args: argparse.Namespace) -> int:
         suite = load_jsonl(Path(args.suite))
     rows = compare(reference, candidate, suite, progress=not args.quiet)
     summary = summarize(rows)
-    failed = gates(summary, args.max_changed_rate, args.max_abs_diff)
+    approximate = candidate.profile_spec.shares_prefix and not candidate.family.shared_context_exact
+    defaults = default_gates(candidate.dtype, approximate)
+    chosen = {
+        "max_changed_rate": args.max_changed_rate if args.max_changed_rate is not None else defaults["max_changed_rate"],
+        "max_abs_diff": args.max_abs_diff if args.max_abs_diff is not None else defaults["max_abs_diff"],
+    }
+    failed = gates(summary, chosen["max_changed_rate"], chosen["max_abs_diff"])
     meta = {
         "model": reference.name,
         "model_sha256": reference.family.package.model_sha256,
@@ -39,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         "candidate_dtype": candidate.dtype,
         "shared_questions": candidate.shared_questions,  # shared_context: questions that really ran from a shared prefix
         "suite": args.suite,
-        "gates": {"max_changed_rate": args.max_changed_rate, "max_abs_diff": args.max_abs_diff},
+        "gates": chosen,
+        "gates_from_flags": {"max_changed_rate": args.max_changed_rate is not None, "max_abs_diff": args.max_abs_diff is not None},
     }
     out = Path(args.out)
     write_report(out, meta, summary, rows, failed)
@@ -64,8 +71,11 @@ def register(sub) -> None:
     parser.add_argument("--artifact", help="artifact for the candidate profile (default: the cache's, exported on first use)")
     parser.add_argument("--suite", default="builtin", help="builtin (416+ questions), short (its first 80 short questions, choices of <= 12 options), or a JSONL file with one System One request per line")
     parser.add_argument("--out", default="parity-report")
-    parser.add_argument("--max-changed-rate", type=float, help="fail when more than this fraction of decisions change")
-    parser.add_argument("--max-abs-diff", type=float, help="fail when any probability moves by more than this")
+    parser.add_argument(
+        "--max-changed-rate", type=float,
+        help="fail when more than this fraction of decisions change (default: 0.01 for fp16, bf16, int8 and approximate profiles; not gated for fp32)",
+    )  # fmt: skip
+    parser.add_argument("--max-abs-diff", type=float, help="fail when any probability moves by more than this (default: 1e-4 for fp32; not gated otherwise)")
     parser.add_argument("--shared-min-tokens", type=int, default=DEFAULT_MIN_SAVED_TOKENS, help="shared_context: break-even, (questions - 1) x prefix tokens")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir")

@@ -8,9 +8,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vllm_sr_runtime.parity.suite import SuiteRequest
-from vllm_sr_runtime.families.answers import answer_distribution
-
-NEAR_TIE = 0.01  # a changed decision whose reference top-two margin is below this counts as a near-tie
+from vllm_sr_runtime.families.answers import NEAR_TIE_MARGIN, answer_distribution, top_margin
 LENGTH_BUCKETS = ((0, 128), (128, 512), (512, 2048), (2048, 8192), (8192, 1 << 30))
 
 
@@ -46,14 +44,13 @@ def compare(reference: Any, candidate: Any, suite: list[SuiteRequest], progress:
                 row.update(error=answer.get("error") or right[qid].get("error"), same_error=answer == right[qid])
                 rows.append(row)
                 continue
-            ordered = sorted(ref, reverse=True)
             row.update(
                 options=len(ref),
                 reference=ref,
                 candidate=cand,
                 max_abs_diff=float(np.max(np.abs(np.array(ref) - np.array(cand)))),
                 decision_changed=int(np.argmax(ref)) != int(np.argmax(cand)),
-                reference_margin=ordered[0] - ordered[1],
+                reference_margin=top_margin(ref),
             )
             rows.append(row)
     return rows
@@ -93,8 +90,8 @@ def summarize(rows: list[dict]) -> dict:
         "errors_differ": sum(1 for r in rows if "error" in r and not r["same_error"]),
         "decisions_changed": len(changed),
         "changed_rate": len(changed) / len(scored) if scored else 0.0,
-        "near_ties_changed": sum(1 for r in changed if r["reference_margin"] < NEAR_TIE),
-        "near_tie_threshold": NEAR_TIE,
+        "near_ties_changed": sum(1 for r in changed if r["reference_margin"] < NEAR_TIE_MARGIN),
+        "near_tie_threshold": NEAR_TIE_MARGIN,
         "abs_diff": _stats([r["max_abs_diff"] for r in scored]),
         "abs_diff_by_type": by_type,
         "abs_diff_by_media": {
@@ -106,6 +103,18 @@ def summarize(rows: list[dict]) -> dict:
         "option_counts": sorted({r["options"] for r in scored}),
         "max_prompt_tokens": max((r["prompt_tokens"] or 0 for r in scored), default=0),
     }
+
+
+# The gates `parity` applies when no flag sets them: fp32 within 1e-4 of the reference; lower precision (and a
+# profile approximate by design) at most 1% of decisions changed. A flag replaces its gate (e.g. to loosen it).
+FP32_MAX_ABS_DIFF = 1e-4
+LOWER_PRECISION_MAX_CHANGED_RATE = 0.01
+
+
+def default_gates(candidate_dtype: str, approximate: bool) -> dict[str, float | None]:
+    if candidate_dtype == "fp32" and not approximate:
+        return {"max_changed_rate": None, "max_abs_diff": FP32_MAX_ABS_DIFF}
+    return {"max_changed_rate": LOWER_PRECISION_MAX_CHANGED_RATE, "max_abs_diff": None}
 
 
 def gates(summary: dict, max_changed_rate: float | None, max_abs_diff: float | None) -> list[str]:

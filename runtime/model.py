@@ -45,6 +45,11 @@ class DecisionModel:
         self.golden: dict = {"status": "unchecked"}  # what replaying the golden answers found (vllm_sr_runtime.golden.verify_golden)
 
     @property
+    def profile_spec(self):
+        """The Profile object this model was loaded under."""
+        return profile_named(self.profile)
+
+    @property
     def reads_media(self) -> bool:
         return bool(getattr(self.engine, "reads_media", False))
 

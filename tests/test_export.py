@@ -251,9 +251,10 @@ def _flat(answer: dict) -> dict[str, float]:
 
 
 def test_int8_export_quantizes_the_matmuls(artifacts, packages, models, tmp_path):
+    """The per-tensor form (quantize_dynamic's): weights and answers equal ORT's quantizer's."""
     out = tmp_path / "int8"
-    manifest = export_package(packages["d3"], out, dtype="int8", progress=False, shared_context=True)
-    assert manifest["dtype"] == "int8"
+    manifest = export_package(packages["d3"], out, dtype="int8", progress=False, shared_context=True, int8_activations="tensor", smoke="off")
+    assert manifest["dtype"] == "int8" and manifest["int8"]["activations"] == "per tensor"
     assert manifest["op_counts"].get("ai.onnx::MatMulInteger", 0) > 0
     assert manifest["op_counts"].get("ai.onnx::MatMul", 0) >= 1  # the readout stays FP32
     assert manifest["op_counts"].get("com.microsoft::LinearAttention", 0) > 0
@@ -421,3 +422,62 @@ def test_max_speed_tells_causal_from_noncausal(artifacts, models, packages, tmp_
     causal = vllm_sr_runtime.load(packages["d3_causal"], profile="max_speed", artifact=causal_artifact)
     assert max_difference(noncausal, models("d3")) <= TOLERANCE and max_difference(causal, models("d3_causal")) <= TOLERANCE
     assert max_difference(noncausal, causal) > FAR
+
+
+def _one_matmul_graph(weight: np.ndarray):
+    """A traced graph holding one MatMul x @ weight whose weight is a package tensor (what quantize_matmuls rewrites)."""
+    import onnx_ir as ir
+
+    from vllm_sr_runtime.export.streaming import TracedGraph
+
+    x = ir.Value(name="x", shape=ir.Shape(["batch", "rows", weight.shape[0]]), type=ir.TensorType(ir.DataType.FLOAT))
+    w = ir.Value(name="w", shape=ir.Shape(list(weight.shape)), type=ir.TensorType(ir.DataType.FLOAT), const_value=ir.tensor(weight, name="w"))
+    flipped = np.ascontiguousarray(-weight)
+    v = ir.Value(name="v", shape=ir.Shape(list(weight.shape)), type=ir.TensorType(ir.DataType.FLOAT), const_value=ir.tensor(flipped, name="v"))
+    first = ir.Node("", "MatMul", [x, w], name="first")
+    second = ir.Node("", "MatMul", [x, v], name="second")  # a second reader of the same activation
+    sub = ir.Node("", "Sub", [first.outputs[0], second.outputs[0]], name="difference")  # x @ w - x @ (-w) = 2 x @ w
+    sub.outputs[0].name, sub.outputs[0].dtype, sub.outputs[0].shape = "y", ir.DataType.FLOAT, ir.Shape(["batch", "rows", weight.shape[1]])
+    graph = ir.Graph([x], [sub.outputs[0]], nodes=[first, second, sub], initializers=[w, v], opset_imports={"": 21})
+    traced = TracedGraph(ir.Model(graph, ir_version=10), sources={})
+    traced.provenance[id(w.const_value)] = ("param", "layer.weight")
+    traced.provenance[id(v.const_value)] = ("param", "other.weight")
+    return traced
+
+
+@pytest.mark.parametrize("form", ["token", "tensor"])
+def test_int8_activation_forms_quantize_each_input_once_and_compute_what_they_say(form):
+    """Per token: each row gets its own scale (an outlier row leaves the others' precision alone); the answer
+    equals a NumPy per-row x per-column reference under every ORT optimization level (ORT's MatMulIntegerToFloat
+    fusion must not treat the row scales as one)."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    from vllm_sr_runtime.export.int8 import quantize_matmuls, quantize_per_channel
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((64, 48)).astype(np.float32)
+    x = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    x[1, 2] *= 300.0  # one outlier token
+    traced = _one_matmul_graph(weight)
+    assert quantize_matmuls(traced, lambda name: False, form) == 2
+    ops = [node.op_type for node in traced.model.graph]
+    assert ops.count("MatMulInteger") == 2 and ("DynamicQuantizeLinear" in ops) == (form == "tensor")
+    assert ops.count("ReduceMax") == (1 if form == "token" else 0)  # one quantization, shared by both readers
+    proto = ir.serde.serialize_model(traced.model)
+    w_q, w_scale = quantize_per_channel(weight, 1)
+    if form == "token":
+        scale = np.maximum(np.abs(x).max(-1, keepdims=True) / 127, np.finfo(np.float32).tiny).astype(np.float32)
+        x_q = np.round(x / scale)
+        expected = 2 * (x_q @ w_q.astype(np.float64)) * scale * w_scale
+        exact = 2 * x @ weight
+        others = np.abs(expected - exact)[1, [0, 1, 3, 4]].max()
+        assert others < 0.05 * np.abs(exact[1, [0, 1, 3, 4]]).max()  # the outlier row cost the others nothing
+    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        got = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        if form == "token":
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-3)
+        else:
+            np.testing.assert_allclose(got, 2 * x @ weight, rtol=0.2, atol=0.2 * np.abs(x).max())

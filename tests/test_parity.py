@@ -95,7 +95,7 @@ def test_report_renders_in_headless_chromium(packages, tmp_path):
     suite = tmp_path / "suite.jsonl"
     suite.write_text(json.dumps({"state": "s", "questions": {"c": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}, "n": {"type": "noul"}}}) + "\n")
     out = tmp_path / "report"
-    assert run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(out), perturb=0.1).returncode == 0
+    assert run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(out), "--max-abs-diff", "1", perturb=0.1).returncode == 0
     probe = out / "probe.html"
     page = (out / "report.html").read_text()
     script = (
@@ -109,3 +109,24 @@ def test_report_renders_in_headless_chromium(packages, tmp_path):
     assert 'data-loaded="3/3"' in dom.stdout, dom.stdout[:500]
     shot = subprocess.run([browser, *flags, f"--screenshot={tmp_path / 'report.png'}", "--window-size=1200,1600", (out / "report.html").as_uri()], capture_output=True, timeout=120)
     assert shot.returncode == 0 and (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_default_gates_follow_the_candidate_dtype_and_flags_loosen_them(tmp_path, packages):
+    """No flag: an fp32 candidate is held to max |dp| 1e-4 (a 0.05 perturbation fails it); a flag replaces the gate."""
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"state": "s", "questions": {"c": {"type": "choice", "criteria": {"a": None, "b": None}}, "n": {"type": "noul"}}}) + "\n")
+    strict = run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(tmp_path / "strict"), perturb=0.05)
+    assert strict.returncode == 3 and "--max-abs-diff 0.0001" in strict.stderr
+    meta = json.loads((tmp_path / "strict" / "parity.json").read_text())
+    assert meta["gates"] == {"max_changed_rate": None, "max_abs_diff": 1e-4} and meta["gates_from_flags"] == {"max_changed_rate": False, "max_abs_diff": False}
+    loose = run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(tmp_path / "loose"), "--max-abs-diff", "1", perturb=0.05)
+    assert loose.returncode == 0, loose.stderr[-2000:]
+
+
+def test_default_gates_per_dtype():
+    from vllm_sr_runtime.parity.compare import default_gates
+
+    assert default_gates("fp32", approximate=False) == {"max_changed_rate": None, "max_abs_diff": 1e-4}
+    for dtype in ("fp16", "bf16", "int8", "bf16+autocast-bf16"):
+        assert default_gates(dtype, approximate=False) == {"max_changed_rate": 0.01, "max_abs_diff": None}
+    assert default_gates("fp32", approximate=True)["max_changed_rate"] == 0.01

@@ -77,5 +77,15 @@ def answer_distribution(answer: dict) -> list[float] | None:
     return list(answer["probabilities"].values())
 
 
+# A changed decision whose reference top-two margin is below this is a near-tie: the reference itself barely chose.
+NEAR_TIE_MARGIN = 0.01
+
+
+def top_margin(distribution: Sequence[float]) -> float:
+    """The gap between the two most probable options (1.0 for a single option)."""
+    ordered = sorted(distribution, reverse=True)
+    return ordered[0] - ordered[1] if len(ordered) > 1 else 1.0
+
+
 def error_answer(question_type: str, error: str, message: str) -> dict:
     return {"type": question_type, "error": error, "message": message}

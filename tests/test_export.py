@@ -258,12 +258,15 @@ def test_int8_export_quantizes_the_matmuls(artifacts, packages, models, tmp_path
     assert manifest["op_counts"].get("ai.onnx::MatMulInteger", 0) > 0
     assert manifest["op_counts"].get("ai.onnx::MatMul", 0) >= 1  # the readout stays FP32
     assert manifest["op_counts"].get("com.microsoft::LinearAttention", 0) > 0
-    # FP32 MatMuls are exactly the readout and the token mixers' output projections (by weight content)
+    # FP32 MatMuls are exactly the readout, the token mixers' output projections and the GDN gate inputs (by weight content)
     graph = onnx.load(str(out / "model.onnx"))
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.graph.initializer}
     fp32 = [weights[n.input[1]] for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
     module = vllm_sr_runtime.load(packages["d3"], profile="exact").engine.module
-    projections = {name: p.detach().numpy() for name, p in module.named_parameters() if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight"))}
+    projections = {
+        name: p.detach().numpy() for name, p in module.named_parameters()
+        if name.endswith(("out_proj.weight", "o_proj.weight", "in_proj_a.weight", "in_proj_b.weight", "down_proj.weight"))
+    }  # fmt: skip
     def kept(weight: np.ndarray) -> bool:
         return any(np.array_equal(w, candidate) for w in fp32 for candidate in (weight, weight.T) if w.shape == candidate.shape)
     assert [name for name, weight in projections.items() if not kept(weight)] == [n for n in projections if n.endswith("down_proj.weight")]

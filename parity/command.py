@@ -28,8 +28,7 @@ def run(args: argparse.Namespace) -> int:
         suite = load_jsonl(Path(args.suite))
     rows = compare(reference, candidate, suite, progress=not args.quiet)
     summary = summarize(rows)
-    approximate = candidate.profile_spec.shares_prefix and not candidate.family.shared_context_exact
-    defaults = default_gates(candidate.dtype, approximate)
+    defaults = default_gates(candidate.dtype, candidate.approximate_by_design)
     chosen = {
         "max_changed_rate": args.max_changed_rate if args.max_changed_rate is not None else defaults["max_changed_rate"],
         "max_abs_diff": args.max_abs_diff if args.max_abs_diff is not None else defaults["max_abs_diff"],

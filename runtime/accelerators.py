@@ -22,10 +22,7 @@ class ProviderSpec:
     package: str  # the pip package that brings it
     variant: str | None  # the artifact variant it needs (None: any)
     libraries: tuple[tuple[str, str], ...] = ()  # (shared library, what it is / how to get it) the provider loads
-    options: Callable[[int | None], dict[str, str]] = field(default=lambda index: {}, compare=False)
-
-    def options_for(self, index: int | None) -> dict[str, str]:
-        return self.options(index)
+    options: Callable[[int | None], dict[str, str]] = field(default=lambda index: {}, compare=False)  # by device index
 
 
 @dataclass(frozen=True)

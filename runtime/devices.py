@@ -18,8 +18,7 @@ DEVICE_PATTERN = re.compile(r"^([a-z][a-z0-9_]*)(?::(\d+))?$")
 def installed_accelerators() -> dict[str, Accelerator]:
     from vllm_sr_runtime.plugins import installed
 
-    plugins = installed("accelerator")
-    return {name: plugins.get(name) for name in plugins.names()}
+    return installed("accelerator").objects()
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ import numpy as np
 from vllm_sr_runtime.errors import VerificationError
 from vllm_sr_runtime.families.answers import answer_distribution
 from vllm_sr_runtime.packages.files import GOLDEN_FILE, sha256_file
-from vllm_sr_runtime.profiles import profile_named
 
 GOLDEN_SUITE = "golden-v1"
 GOLDEN_REQUESTS: tuple[tuple[Any, dict], ...] = (
@@ -117,7 +116,7 @@ def verify_golden(model) -> dict:
         records.append(("package", package))
     if not records:
         return {"status": "unverified", "reason": "neither the package nor the artifact carries golden answers"}
-    if profile_named(model.profile).shares_prefix and not model.family.shared_context_exact:
+    if model.approximate_by_design:
         return {"status": "skipped", "reason": "shared_context is approximate for this model: it is not held to exact's answers"}
     tolerance = golden_tolerance(model.device.kind, model.dtype)
     checks = [replay_golden(recorded, model.ask, source, tolerance) for source, recorded in records]

@@ -50,6 +50,11 @@ class DecisionModel:
         return profile_named(self.profile)
 
     @property
+    def approximate_by_design(self) -> bool:
+        """Its profile shares a prefix the family's attention reads both ways: answers differ from exact by design."""
+        return self.profile_spec.shares_prefix and not self.family.shared_context_exact
+
+    @property
     def reads_media(self) -> bool:
         return bool(getattr(self.engine, "reads_media", False))
 

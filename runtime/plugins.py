@@ -46,6 +46,9 @@ class PluginFailure:
     descriptor: PluginDescriptor
     error: str
 
+    def as_dict(self) -> dict:
+        return {**self.descriptor.as_dict(), "error": self.error}
+
 
 @dataclass
 class Plugins:
@@ -60,6 +63,10 @@ class Plugins:
 
     def names(self) -> list[str]:
         return list(self.loaded)
+
+    def objects(self) -> dict[str, Any]:
+        """name -> the loaded object (a family class, an engine builder, an Accelerator, a Profile, ...)."""
+        return {name: plugin for name, (_, plugin) in self.loaded.items()}
 
     def descriptor(self, name: str) -> PluginDescriptor:
         return self.loaded[name][0]

@@ -54,8 +54,7 @@ BUILTIN = (EXACT, SHARED_CONTEXT, BATCHING, MAX_SPEED)
 def installed_profiles() -> dict[str, Profile]:
     from vllm_sr_runtime.plugins import installed
 
-    plugins = installed("profile")
-    return {name: plugins.get(name) for name in plugins.names()}
+    return installed("profile").objects()
 
 
 def profile_named(name: str) -> Profile:

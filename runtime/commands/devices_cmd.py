@@ -30,13 +30,12 @@ def report() -> dict:
             "providers": [{"name": p.name, "package": p.package, "installed": p.name in available} for p in spec.providers],
             "artifact_dtypes": list(spec.artifact_dtypes), "variant": spec.variant or "contrib",
         })  # fmt: skip
-    accelerators = {name: plugins.get(name) for name in plugins.names()}
     try:
-        device, why = auto_choice(accelerators)
+        device, why = auto_choice(plugins.objects())
         auto = {"device": device.name, "why": why}
     except UnsupportedDeviceError as exc:
         auto = {"device": None, "why": [exc.message]}
-    return {"auto": auto, "accelerators": rows, "failed": [{**f.descriptor.as_dict(), "error": f.error} for f in plugins.failed]}
+    return {"auto": auto, "accelerators": rows, "failed": [failure.as_dict() for failure in plugins.failed]}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ def run(args: argparse.Namespace) -> int:
     for kind in GROUPS:
         plugins = installed(kind)
         report["plugins"].extend(plugins.descriptor(name).as_dict() for name in plugins.names())
-        report["failed"].extend({**failure.descriptor.as_dict(), "error": failure.error} for failure in plugins.failed)
+        report["failed"].extend(failure.as_dict() for failure in plugins.failed)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0

@@ -13,8 +13,7 @@ def registry() -> dict[str, type[Family]]:
     """The installed family plugins (entry point group vllm_sr_runtime.families), built-ins included."""
     from vllm_sr_runtime.plugins import installed
 
-    plugins = installed("family")
-    return {name: plugins.get(name) for name in plugins.names()}
+    return installed("family").objects()
 
 
 def detect_family(root: Path) -> type[Family]:

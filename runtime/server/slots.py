@@ -72,7 +72,7 @@ class ModelSlot:
             base_path=self.spec.base_path,
             shared_min_tokens=self.config.shared_min_tokens,
         )
-        if profile_named(self.profile).shares_prefix and not model.family.shared_context_exact and not self.config.allow_approximate_shared_context:
+        if model.approximate_by_design and not self.config.allow_approximate_shared_context:
             raise ValueError(
                 f"profile shared_context is approximate for {self.name}: its full-attention layers read the prompt both ways, "
                 "and running the prefix once drops the prefix-to-question direction (answers differ from exact; see "

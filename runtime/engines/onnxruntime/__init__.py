@@ -120,7 +120,7 @@ def open_session(model_path: Path, device_kind: str, device_index: int | None, o
     from vllm_sr_runtime.engines.onnxruntime.optimized_cache import cache_key, cached_model, open_and_save
 
     spec = select_provider(device_kind, ort.get_available_providers())
-    provider, options_for_provider = spec.name, spec.options_for(device_index)
+    provider, options_for_provider = spec.name, spec.options(device_index)
 
     def open_with(options, path: Path = model_path):
         try:

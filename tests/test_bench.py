@@ -90,3 +90,17 @@ def test_each_dtype_is_judged_against_its_own_ceiling():
     from vllm_sr_runtime.bench.flops import ceiling_for
 
     assert [ceiling_for(dtype) for dtype in ("fp32", "fp16", "bf16", "int8")] == ["fp32", "fp32", "fp32", "int8"]
+
+
+def test_bench_row_labels_tell_two_artifacts_of_one_dtype_apart():
+    """Two int8 forms benched side by side get one row each, named by folder; other labels are unchanged."""
+    import pytest
+
+    from vllm_sr_runtime.commands.bench_cmd import row_labels
+
+    entries = [("exact", "fp32", None), ("max_speed", "fp32", "/a/A"), ("max_speed", "int8", "/a/token"), ("max_speed", "int8", "/b/tensor")]
+    assert row_labels(entries, 3) == ["exact", "max_speed-fp32", "max_speed-int8@token", "max_speed-int8@tensor"]
+    assert row_labels([("exact", "fp32", None), ("max_speed", "int8", "/a/A8")], 1) == ["exact", "max_speed"]
+    assert row_labels([("shared_context", "fp32", "/a/A"), ("shared_context", "int8", "/a/B")], 2) == ["shared_context-onnx-fp32", "shared_context-onnx-int8"]
+    with pytest.raises(ValueError, match="distinct folders"):
+        row_labels([("max_speed", "int8", "/a/A8"), ("max_speed", "int8", "/b/A8")], 2)

@@ -465,8 +465,9 @@ def test_int8_activation_forms_quantize_each_input_once_and_compute_what_they_sa
     traced = _one_matmul_graph(weight)
     assert quantize_matmuls(traced, lambda name: False, form) == 2
     ops = [node.op_type for node in traced.model.graph]
-    assert ops.count("MatMulInteger") == 2 and ("DynamicQuantizeLinear" in ops) == (form == "tensor")
-    assert ops.count("ReduceMax") == (1 if form == "token" else 0)  # one quantization, shared by both readers
+    # per token: the integer product and the columns' scales in one kernel, the rows' scales after it
+    assert ops.count("MatMulIntegerToFloat" if form == "token" else "MatMulInteger") == 2 and ("DynamicQuantizeLinear" in ops) == (form == "tensor")
+    assert ops.count("ReduceMax") == ops.count("QuantizeLinear") == (1 if form == "token" else 0)  # one quantization, shared by both readers
     proto = ir.serde.serialize_model(traced.model)
     w_q, w_scale = quantize_per_channel(weight, 1)
     if form == "token":

@@ -90,6 +90,22 @@ def profile_graphs(models: dict, length: int) -> dict:
     return profiles
 
 
+def row_labels(entries: list[tuple[str, str, str | None]], artifact_count: int) -> list[str]:
+    """Each loaded (profile, dtype, artifact) its row label: the profile; `max_speed-<dtype>` when several
+    artifacts are benched; `...@<folder>` when two artifacts share a dtype (two int8 forms side by side)."""
+    labels = []
+    for profile, dtype, artifact in entries:
+        if profile == "shared_context" and artifact is not None:
+            labels.append(f"shared_context-onnx-{dtype}")  # the artifact's shared_context graph
+        else:
+            labels.append(profile if profile != "max_speed" or artifact_count == 1 else f"max_speed-{dtype}")
+    repeated = {label for label in labels if labels.count(label) > 1}
+    labels = [f"{label}@{Path(artifact).name}" if label in repeated and artifact is not None else label for label, (_, _, artifact) in zip(labels, entries)]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"two artifacts of one dtype in folders of one name ({', '.join(sorted(set(l for l in labels if labels.count(l) > 1)))}): give distinct folders")
+    return labels
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -103,19 +119,15 @@ def run(args: argparse.Namespace) -> int:
 
         profiles = [p for p in args.profiles.split(",") if p]
         artifacts = args.artifact or [None]
-        models = {}
+        loaded = []
         for profile in profiles:
             for artifact in _artifacts_for(profile, artifacts):
                 model = vllm_sr_runtime.load(
                     args.model, device=args.device, profile=profile, artifact=artifact, cache_dir=args.cache_dir, base_path=args.base_path
                 )
-                if profile == "shared_context" and artifact is not None:
-                    label = f"shared_context-onnx-{model.dtype}"  # the artifact's shared_context graph
-                else:
-                    label = profile if profile != "max_speed" or len(artifacts) == 1 else f"max_speed-{model.dtype}"
-                if label in models:
-                    raise ValueError(f"two {profile} artifacts with dtype {model.dtype}: give one per dtype")
-                models[label] = model
+                loaded.append((profile, model.dtype, artifact, model))
+        labels = row_labels([entry[:3] for entry in loaded], len(artifacts))
+        models = {label: entry[3] for label, entry in zip(labels, loaded)}
         limits = gemm_limits()
         result["gemm_limit_gflops"] = limits["fp32"]
         result["gemm_limits"] = limits  # fp32 GFLOP/s and dynamic int8 GOP/s, same shape and threads

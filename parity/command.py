@@ -17,7 +17,16 @@ def run(args: argparse.Namespace) -> int:
 
     common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
     reference = vllm_sr_runtime.load(args.model, profile=args.against, **common)
+    if args.weight_noise_factor != 1.0 and not args.weight_noise:
+        raise ValueError("--weight-noise-factor scales --weight-noise: give --weight-noise int8 too")
+    if args.weight_noise and (args.profile != "exact" or args.artifact):
+        raise ValueError(f"--weight-noise perturbs the eager model's weights: use it with --profile exact, not {args.profile}")
     candidate = vllm_sr_runtime.load(args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, **common)
+    noise = None
+    if args.weight_noise:
+        from vllm_sr_runtime.parity.weight_noise import perturb_like_int8
+
+        noise = perturb_like_int8(candidate, args.weight_noise_factor)
     if args.suite == "builtin":
         # Models with a vision tower also get media requests, when the candidate's engine can read them.
         media = reference.family.reads_media and candidate.reads_media
@@ -28,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
         suite = load_jsonl(Path(args.suite))
     rows = compare(reference, candidate, suite, progress=not args.quiet)
     summary = summarize(rows)
-    defaults = default_gates(candidate.dtype, candidate.approximate_by_design)
+    # weight noise stands in for int8: held to int8's gate
+    defaults = default_gates(noise["form"] if noise else candidate.dtype, candidate.approximate_by_design)
     chosen = {
         "max_changed_rate": args.max_changed_rate if args.max_changed_rate is not None else defaults["max_changed_rate"],
         "max_abs_diff": args.max_abs_diff if args.max_abs_diff is not None else defaults["max_abs_diff"],
@@ -42,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         "reference_engine": reference.card()["engine"],
         "candidate_engine": candidate.engine.name,
         "candidate_dtype": candidate.dtype,
+        "weight_noise": noise,  # --weight-noise: what was perturbed and by how much (None: the candidate as loaded)
         "shared_questions": candidate.shared_questions,  # shared_context: questions that really ran from a shared prefix
         "suite": args.suite,
         "gates": chosen,
@@ -75,6 +86,12 @@ def register(sub) -> None:
         help="fail when more than this fraction of decisions change (default: 0.01 for fp16, bf16, int8 and approximate profiles; not gated for fp32)",
     )  # fmt: skip
     parser.add_argument("--max-abs-diff", type=float, help="fail when any probability moves by more than this (default: 1e-4 for fp32; not gated otherwise)")
+    parser.add_argument(
+        "--weight-noise", choices=("int8",),
+        help="candidate = the eager model (--profile exact) with seeded Gaussian noise of int8's rounding size on every weight int8 quantizes: "
+        "does this package tolerate any 8-bit weight form? (gated as int8)",
+    )  # fmt: skip
+    parser.add_argument("--weight-noise-factor", type=float, default=1.0, help="--weight-noise: noise RMS as a multiple of int8's rounding error")
     parser.add_argument("--shared-min-tokens", type=int, default=DEFAULT_MIN_SAVED_TOKENS, help="shared_context: break-even, (questions - 1) x prefix tokens")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir")

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"int8 ({manifest['int8']['activations']} activations): not established as answering like exact on every package "
             "(on confident synthetic d3-lite packages it changes more than 1% of decisions); judge this model with "
-            "`vllm-sr-runtime parity`, which gates int8 at 1% of decisions by default, before serving it"
+            "`vllm-sr-runtime parity`, which gates int8 at 1% of decisions by default, before serving it "
+            "(`parity --profile exact --weight-noise int8` tells whether the package tolerates any 8-bit weights)"
         )
     buckets = manifest.get("buckets")
     if buckets:

@@ -15,12 +15,12 @@ def run(args: argparse.Namespace) -> int:
     from vllm_sr_runtime.parity.report import write_report
     from vllm_sr_runtime.parity.suite import builtin_suite, load_jsonl, short_suite
 
-    common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
-    reference = vllm_sr_runtime.load(args.model, profile=args.against, **common)
     if args.weight_noise_factor != 1.0 and not args.weight_noise:
         raise ValueError("--weight-noise-factor scales --weight-noise: give --weight-noise int8 too")
     if args.weight_noise and (args.profile != "exact" or args.artifact):
         raise ValueError(f"--weight-noise perturbs the eager model's weights: use it with --profile exact, not {args.profile}")
+    common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
+    reference = vllm_sr_runtime.load(args.model, profile=args.against, **common)
     candidate = vllm_sr_runtime.load(args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, **common)
     noise = None
     if args.weight_noise:

@@ -2,7 +2,8 @@
 that `--dtype int8` quantizes. It tells whether a package tolerates any 8-bit weight form, apart from how an
 int8 artifact quantizes its activations. Measured on `--suite short` of confident d3-lite packages: seed 3,
 which the int8 artifact fails (11/80 decisions changed, |dp| median 0.108), fails under this weight noise
-alone too (4/80, median 0.082); seed 0, which int8 passes (0/80, median 0.00057), passes it (0/80, 0.00013)."""
+alone too (4/80, median 0.082); seed 0, which int8 passes (0/80, median 0.00057), passes it (0/80, 0.00013);
+a Decision 2.0 Eos-class package (seed 3; int8 24/80) changes 16/80 under it."""
 
 from __future__ import annotations
 

@@ -191,12 +191,13 @@ def _per_token(activation: ir.Value, channels: int, constants: _Constants) -> tu
     rows = _node("Reshape", [activation, constants.get(f"rows_of_{channels}", np.array([-1, channels], dtype=np.int64))], f"{name}_rows")
     row_scales = _node("Reshape", [scale.outputs[0], constants.get("flat", np.array([-1], dtype=np.int64))], f"{name}_row_scales")
     count = _node("Shape", [row_scales.outputs[0]], f"{name}_row_count")
-    zero_points = _node("Expand", [constants.get("zero_point", np.array(TOKEN_ZERO_POINT, dtype=np.uint8)), count.outputs[0]], f"{name}_row_zero_points")
+    zero = constants.get("zero_point", np.array(TOKEN_ZERO_POINT, dtype=np.uint8))
+    zero_points = _node("Expand", [zero, count.outputs[0]], f"{name}_row_zero_points")
     quantized_rows = _node("QuantizeLinear", [rows.outputs[0], row_scales.outputs[0], zero_points.outputs[0]], f"{name}_quantized_rows", [ir.AttrInt64("axis", 0)])
     shape = _node("Shape", [activation], f"{name}_shape")
     quantized = _node("Reshape", [quantized_rows.outputs[0], shape.outputs[0]], f"{name}_quantized")
     nodes = [absolute, peak, scaled, scale, rows, row_scales, count, zero_points, quantized_rows, shape, quantized]
-    return nodes, (quantized.outputs[0], scale.outputs[0], constants.get("zero_point", np.array(TOKEN_ZERO_POINT, dtype=np.uint8)))
+    return nodes, (quantized.outputs[0], scale.outputs[0], zero)
 
 
 def _quantized_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple) -> tuple[ir.Value, ir.Value, ir.Value]:

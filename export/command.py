@@ -23,6 +23,8 @@ def run(args: argparse.Namespace) -> int:
         smoke=args.smoke,
         lengths=tuple(int(x) for x in args.lengths.split(",")) if args.lengths else None,
         int8_activations=args.int8_activations,
+        int8_fp32=args.int8_fp32,
+        int8_target=args.int8_target,
     )
     smoke = manifest["smoke_parity"]
     ops = sum(manifest["op_counts"].values())
@@ -31,6 +33,13 @@ def run(args: argparse.Namespace) -> int:
         if smoke else f"no smoke parity ({manifest['smoke']['reason']}): judge it with `vllm-sr-runtime parity`"
     )  # fmt: skip
     print(f"ok: {args.out} ({manifest['variant']}/{manifest['dtype']}, opset {manifest['opset']}, {ops} nodes, domains {','.join(manifest['op_domains'])}); {checked}")
+    if manifest["dtype"] == "int8" and manifest["int8"]["measured"]:
+        measured = manifest["int8"]["measured"]
+        print(
+            f"int8 measured on {measured['rows']} calibration answers: {len(measured['kept'])} MatMuls kept FP32 "
+            f"({measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds); predicted margin spread "
+            f"{measured['predicted_spread_all_int8']:.3g} -> {measured['predicted_spread_chosen']:.3g} of the margin (target {measured['target']})"
+        )
     if manifest["dtype"] == "int8":
         print(
             f"int8 ({manifest['int8']['activations']} activations): not established as answering like exact on every package "
@@ -86,6 +95,17 @@ def register(sub) -> None:
     parser.add_argument(
         "--int8-activations", default="token", choices=["token", "tensor"],
         help="--dtype int8: one activation scale per token (default; robust to outlier tokens) or per tensor (ORT quantize_dynamic's form)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--int8-fp32", default="measured", choices=["measured", "rule"],
+        help="--dtype int8: which MatMuls stay FP32 besides the fixed rule's (token mixers' output projections, GDN gate inputs): "
+        "measured (default; this package's first-order sensitivity on calibration requests picks the most harmful ones, "
+        "until --int8-target holds) or rule (none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--int8-target", type=float, default=0.25, metavar="F",
+        help="--int8-fp32 measured: keep MatMuls FP32 until every calibration answer's predicted margin change from int8 is "
+        "at most F times its margin (default 0.25; smaller keeps more FP32)",
     )  # fmt: skip
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")

@@ -27,3 +27,4 @@ class ExportContext:
     engine: Any = None  # the ORT engine over the main graph, once it loaded
     eager: torch.nn.Module | None = None  # the module with its weights, while the smoke parity runs
     int8_activations: str = "token"  # --dtype int8: activation scales per token or per tensor
+    int8_kept: frozenset[str] = frozenset()  # --dtype int8: weights the package's measured sensitivity keeps FP32

@@ -17,8 +17,10 @@ from vllm_sr_runtime.export.context import ExportContext
 from vllm_sr_runtime.export.disk_space import check_disk_space
 from vllm_sr_runtime.export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
 from vllm_sr_runtime.export.graph_passes import op_counts
-from vllm_sr_runtime.export.int8 import ACTIVATION_FORMS, INT8_FP32_PROJECTIONS
-from vllm_sr_runtime.export.phases import PhaseClock
+from vllm_sr_runtime.export.int8 import ACTIVATION_FORMS, INT8_FP32_CHOICES, INT8_FP32_PROJECTIONS
+from vllm_sr_runtime.export import int8_sensitivity
+from vllm_sr_runtime.export.int8_sensitivity import DEFAULT_TARGET
+from vllm_sr_runtime.export.phases import PhaseClock, available_memory_bytes
 from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, plan_smoke, smoke_parity
 from vllm_sr_runtime.export.static_graphs import check_cuda_kernels, static_sequence_lengths, write_static_graphs
 from vllm_sr_runtime.export.streaming import StreamedModule, trace
@@ -59,12 +61,14 @@ def export_package(
     smoke: str = "auto",
     lengths: tuple[int, ...] | None = None,
     int8_activations: str = "token",
+    int8_fp32: str = "measured",
+    int8_target: float = DEFAULT_TARGET,
 ) -> dict:
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     return export_family(
         family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context, smoke=smoke, lengths=lengths,
-        int8_activations=int8_activations,
+        int8_activations=int8_activations, int8_fp32=int8_fp32, int8_target=int8_target,
     )
 
 
@@ -80,13 +84,18 @@ def export_family(
     smoke: str = "auto",
     lengths: tuple[int, ...] | None = None,
     int8_activations: str = "token",
+    int8_fp32: str = "measured",
+    int8_target: float = DEFAULT_TARGET,
 ) -> dict:
     """Trace, lower, write, check and smoke-test one artifact. `shared_context` adds a second graph,
     the module's forward_shared (prefix once, question rows continue from its state), for that profile
     on ONNX Runtime; it reads the main graph's weights file. `smoke` (auto|on|off): the smoke parity
     against eager, its own phase; auto runs it when the eager model and one ORT session fit in the
     memory that is free. The portable variant holds one graph per static sequence length (`lengths`,
-    default: powers of two from 128 to the package's longest prompt); rows are padded to the next one."""
+    default: powers of two from 128 to the package's longest prompt); rows are padded to the next one.
+    Under int8, `int8_fp32` says which MatMuls stay FP32 besides the fixed rule's: `measured` (the Linears this
+    package's first-order sensitivity names, until every calibration row's predicted spread is `int8_target`
+    times its margin or less) or `rule` (the fixed rule only)."""
     if family.export_spec is None:
         raise ArtifactError(f"family {family.name} declares no export (its ExportSpec): it runs on its own engines only")
     towers = family.export_spec.quantized_towers
@@ -102,6 +111,10 @@ def export_family(
         raise ArtifactError("--shared-context needs the contrib variant (the portable graphs have no past-state input)")
     if int8_activations not in ACTIVATION_FORMS:
         raise ValueError(f"int8 activations must be one of {', '.join(ACTIVATION_FORMS)}")
+    if int8_fp32 not in INT8_FP32_CHOICES:
+        raise ValueError(f"int8 FP32 choice must be one of {', '.join(INT8_FP32_CHOICES)}")
+    if not int8_target > 0:
+        raise ValueError(f"--int8-target must be > 0, not {int8_target}")
     if smoke not in SMOKE_MODES:
         raise ValueError(f"smoke must be one of {', '.join(SMOKE_MODES)}")
     if variant == "portable" and family.reads_media:
@@ -113,7 +126,8 @@ def export_family(
     disk_needed = check_disk_space(out, family.card().get("parameters"), dtype)
     from vllm_sr_runtime.export.media_graphs import MEDIA_PHASES, export_media
 
-    phase_count = len(PHASES) + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if family.reads_media else 0)
+    calibrate = dtype == "int8" and int8_fp32 == "measured"
+    phase_count = len(PHASES) + calibrate + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if family.reads_media else 0)
     bar = tqdm(total=phase_count, desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
     phase = PhaseClock(bar, progress)
 
@@ -125,12 +139,18 @@ def export_family(
         config = family.backbone_config()
         gdn = gdn_dims(config)
         bar.update()
+        measured = None
+        if calibrate:
+            phase("calibrate")
+            measured = measure_int8_sensitivity(family, int8_target)
+            bar.update()
+        kept = frozenset(measured["kept"]) if measured else frozenset()
         phase("trace")
         traced = trace(streamed, skeleton, sample, opset, family.input_names, family.dynamic_axes, family.output_name, translation_table(config))
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations)
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept)
             reuse = main_weights["index"]
             buckets = write_static_graphs(proto, temp, family, gdn, static_lengths, MODEL_FILE) if static_lengths else None
             del traced, proto
@@ -162,7 +182,7 @@ def export_family(
                 golden = golden_answers(family, eager)
             bar.update()
             context = ExportContext(
-                family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations,
+                family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations, int8_kept=kept,
             )  # fmt: skip
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
@@ -173,7 +193,10 @@ def export_family(
             manifest["golden"] = golden  # None when the smoke parity did not run (no eager model to answer)
             manifest["cuda_kernels"] = cuda_check
             if dtype == "int8":
-                manifest["int8"] = {"activations": f"per {int8_activations}", "weights": "per output channel, symmetric", "kept_fp32": list(INT8_FP32_PROJECTIONS)}
+                manifest["int8"] = {
+                    "activations": f"per {int8_activations}", "weights": "per output channel, symmetric", "kept_fp32": list(INT8_FP32_PROJECTIONS),
+                    "fp32_choice": int8_fp32, "measured": measured,
+                }  # fmt: skip
             manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
             manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed, "weights": "streamed from the package"}
             write_manifest(temp, manifest)
@@ -198,7 +221,7 @@ def _export_shared(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("shared write")
-    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
     del model, traced
@@ -224,6 +247,24 @@ def _numerics(family: Family, dtype: str = "fp32") -> Numerics:
     what the policy keeps FP32 (gates and decay, norm statistics, the readout and its softmax) stays FP32."""
     numerics = family.numerics("cpu")
     return dataclasses.replace(numerics, parameter_dtype=DTYPES[dtype]) if dtype in ("fp16", "bf16") else numerics
+
+
+def measure_int8_sensitivity(family: Family, target: float) -> dict:
+    """The Linears this package keeps FP32 under int8, measured on the eager FP32 module (loaded for this only).
+    Refused, before loading anything, where the eager model and its backward would not fit in free memory."""
+    parameters = int(family.card().get("parameters") or 0)
+    needed, available = int8_sensitivity.CALIBRATION_BYTES_PER_PARAMETER * parameters, available_memory_bytes()
+    if available is not None and needed > available:
+        raise ArtifactError(
+            f"--int8-fp32 measured backpropagates calibration requests through the eager FP32 model: about {needed / 2**30:.1f} GiB, "
+            f"{available / 2**30:.1f} GiB free. Free memory, or export with --int8-fp32 rule (the fixed FP32 rule only) and judge "
+            "the artifact with `vllm-sr-runtime parity`"
+        )
+    eager = build_export_module(family, "fp32")
+    sensitivity = int8_sensitivity.measure(family, eager, list(int8_sensitivity.CALIBRATION_REQUESTS))
+    del eager
+    kept = int8_sensitivity.choose(sensitivity, target)
+    return int8_sensitivity.summary(sensitivity, kept, target)
 
 
 def build_export_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:

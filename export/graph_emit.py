@@ -26,13 +26,14 @@ def emit_graph(
     reuse: dict | None = None,
     quantized_towers: tuple[str, ...] = (),
     int8_activations: str = "token",
+    int8_kept: frozenset[str] = frozenset(),
 ) -> tuple[onnx.ModelProto, dict]:
     """Quantize the graph's MatMuls for int8 (each weight quantized when it is written), stream its
     weights into `data_file` (or point them at the main graph's, where `reuse` has them), apply the graph
     passes, and save it as `file`. Returns the graph (external references) and weight counts. Under int8 only
-    the `quantized_towers` (the family's ExportSpec) are quantized."""
+    the `quantized_towers` (the family's ExportSpec) are quantized, less the fixed rule's and `int8_kept`'s weights."""
     if dtype == "int8":
-        quantize_matmuls(traced, lambda name: stays_fp32(name, quantized_towers), int8_activations)
+        quantize_matmuls(traced, lambda name: stays_fp32(name, quantized_towers) or name in int8_kept, int8_activations)
     proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=reuse)
     trim_contrib_outputs(proto)
     cast_mixed_rms_norms(proto)

@@ -39,6 +39,7 @@ from vllm_sr_runtime.export.streaming import TracedGraph
 INT8_FP32_PROJECTIONS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight", "linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight")
 QMAX = 127  # symmetric signed int8 weights: [-127, 127] (ORT's WeightSymmetric default for QInt8)
 ACTIVATION_FORMS = ("token", "tensor")
+INT8_FP32_CHOICES = ("measured", "rule")  # which MatMuls stay FP32 beyond the fixed rule: measured per package, or none
 TOKEN_ZERO_POINT = 128  # per-token activations: round(x / scale) in [-127, 127], stored as uint8 + 128
 BLOCK_ROWS = 1024  # rows quantized per step, so temporaries stay a fraction of the weight
 

@@ -30,6 +30,9 @@ SMOKE_QUESTIONS = {
     "wide": {"type": "choice", "instructions": "Pick a label.", "criteria": {f"label{i}": f"description {i}" for i in range(40)}},
 }
 
+# One request of every question type (a padded batch of rows, a JSON state) and one single-row request (a text state).
+SMOKE_REQUESTS = (({"user": "hi", "history": [1, 2, 3]}, SMOKE_QUESTIONS), (SMOKE_STATE, {"reasoning": SMOKE_QUESTIONS["reasoning"]}))
+
 
 def plan_smoke(mode: str, family: Family, weights_file: Path, dtype: str = "fp32") -> dict:
     """Whether the smoke parity runs, and the memory it needs: the eager model in FP32 plus one ORT session
@@ -72,7 +75,7 @@ def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: 
     eager = eager_model(family, module, profile)
     graph = DecisionModel(family, engine, profile, parse_device("cpu"), "", shared_min_tokens=0)
     worst, changed, beyond_ties, count = 0.0, 0, 0, 0
-    for state, questions in (({"user": "hi", "history": [1, 2, 3]}, SMOKE_QUESTIONS), (SMOKE_STATE, {"reasoning": SMOKE_QUESTIONS["reasoning"]})):
+    for state, questions in SMOKE_REQUESTS:
         if media is None:
             left, right = eager.ask(state, questions), graph.ask(state, questions)
         else:

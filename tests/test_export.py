@@ -253,7 +253,7 @@ def _flat(answer: dict) -> dict[str, float]:
 def test_int8_export_quantizes_the_matmuls(artifacts, packages, models, tmp_path):
     """The per-tensor form (quantize_dynamic's): weights and answers equal ORT's quantizer's."""
     out = tmp_path / "int8"
-    manifest = export_package(packages["d3"], out, dtype="int8", progress=False, shared_context=True, int8_activations="tensor", smoke="off")
+    manifest = export_package(packages["d3"], out, dtype="int8", progress=False, shared_context=True, int8_activations="tensor", smoke="off", int8_fp32="rule")
     assert manifest["dtype"] == "int8" and manifest["int8"]["activations"] == "per tensor"
     assert manifest["op_counts"].get("ai.onnx::MatMulInteger", 0) > 0
     assert manifest["op_counts"].get("ai.onnx::MatMul", 0) >= 1  # the readout stays FP32
@@ -307,7 +307,7 @@ def test_int8_per_token_graph_fuses_dequantization_and_answers_alike_at_every_op
     import onnxruntime as ort
 
     out = tmp_path / "int8-token"
-    manifest = export_package(packages["d3"], out, dtype="int8", progress=False, smoke="on")
+    manifest = export_package(packages["d3"], out, dtype="int8", progress=False, smoke="on", int8_fp32="rule")
     assert manifest["int8"]["activations"] == "per token" and manifest["smoke"]["ran"]
     counts = manifest["op_counts"]
     fused = counts.get("com.microsoft::MatMulIntegerToFloat", 0)

@@ -21,7 +21,9 @@ def layer_parameters(hidden: int, ffn: int, heads: int, kv_heads: int, head_dim:
 
 def trace_and_write_peak(package, out, dtype: str) -> int:
     result = subprocess.run(
-        [sys.executable, "-m", "vllm_sr_runtime.cli", "export", str(package), "--out", str(out), "--dtype", dtype, "--smoke", "off", "--quiet"],
+        # int8's measured FP32 choice loads the eager model (its own phase, bounded like the smoke parity's): the fixed rule here
+        [sys.executable, "-m", "vllm_sr_runtime.cli", "export", str(package), "--out", str(out), "--dtype", dtype, "--smoke", "off", "--quiet"]
+        + (["--int8-fp32", "rule"] if dtype == "int8" else []),
         capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

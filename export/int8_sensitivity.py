@@ -1,0 +1,196 @@
+"""`--int8-fp32 measured`: which of a package's int8-quantizable MatMuls stay FP32, chosen from that package's own
+first-order sensitivity to int8 rounding.
+
+For every answer row of a few calibration requests, the decision margin is f = log p(top) - log p(runner-up) of
+the row's answer (the family's own answer math, differentiated numerically over the output row, so any readout
+and calibration is covered). One backward pass from f gives, for each quantizable Linear l (y = x W^T), the
+gradient g = df/dy. Int8 rounds W per output channel (step s_i = max|W_i| / 127) and x per token (step t_r =
+max|x_r| / 127); rounding errors are uniform, variance step^2 / 12, independent, so to first order f moves with
+variance v_l = sum_i s_i^2/12 sum_j (g^T x)_ij^2 + sum_r t_r^2/12 sum_j (g W)_rj^2. A row's predicted spread is
+sigma = sqrt(sum over quantized l of v_l); a decision flips when f crosses 0, i.e. when the move exceeds |f|.
+Linears are kept FP32, most harmful first (sum over rows of v_l / f^2), until every calibration row's sigma / |f|
+is at most the target.
+
+Why measured: on d3-lite fixtures of one recipe the sensitivity differs 100x between seeds (`parity
+--weight-noise int8`: seed 0 moves 0.0006 median, seed 3 0.08), and within one package it concentrates in the
+first layers (seed 3: layer 0 holds 47% of the predicted variance, layers 0-2 76%); a fixed list cannot fit both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from vllm_sr_runtime.export.int8 import QMAX, stays_fp32
+from vllm_sr_runtime.export.smoke import SMOKE_QUESTIONS, SMOKE_REQUESTS
+from vllm_sr_runtime.families.answers import NEAR_TIE_MARGIN, answer_distribution
+from vllm_sr_runtime.families.base import Family
+
+# A decision flips when the margin moves by more than itself; keeping every row's predicted spread under a quarter
+# of its margin puts a flip 4 standard deviations away on the calibration rows, which leaves room for prompts
+# with smaller margins than theirs.
+DEFAULT_TARGET = 0.25
+# Peak memory of the measurement per model parameter: the FP32 weights (4 bytes) and the backward's saved
+# activations of the eager module, whose transformers Gated DeltaNet fallback keeps many (d3-lite, 0.8B: 12.6 GiB).
+CALIBRATION_BYTES_PER_PARAMETER = 16
+FINITE_DIFFERENCE_STEP = 1e-4  # relative to the output entry (a probability or a logit)
+# The smoke requests (every question type, short states) and one longer conversation, whose activations carry the
+# larger per-token ranges a long prompt builds up.
+CALIBRATION_REQUESTS = SMOKE_REQUESTS + (
+    (
+        {
+            "user": "Our nightly build fails since the dependency upgrade; the linker cannot find the math library.",
+            "history": [
+                {"role": "user", "content": f"Step {step}: I ran the build with verbose output and pasted the log section {step} below."}
+                for step in range(12)
+            ],
+            "tools": ["shell", "search", "editor"],
+        },
+        {"domain": SMOKE_QUESTIONS["domain"], "difficulty": SMOKE_QUESTIONS["difficulty"]},
+    ),
+)
+
+
+@dataclass
+class Sensitivity:
+    names: list[str]  # the quantizable Linears' weight names
+    macs: np.ndarray  # [linears] multiply-accumulates per token
+    variance: np.ndarray  # [rows, linears] predicted variance of each row's margin from quantizing each Linear
+    margins: np.ndarray  # [rows] |log p(top) - log p(runner-up)|
+
+    def spread(self, kept: Iterable[str] = ()) -> np.ndarray:
+        """Each row's predicted sigma / |margin| with the `kept` Linears FP32."""
+        mask = np.array([name not in set(kept) for name in self.names], dtype=bool)
+        return np.sqrt(self.variance[:, mask].sum(axis=1)) / self.margins
+
+
+def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ...]) -> dict[str, torch.nn.Linear]:
+    """The Linears whose weights int8 quantizes (the same rule as the graph rewrite), by weight name."""
+    return {
+        f"{name}.weight": layer
+        for name, layer in module.named_modules()
+        if isinstance(layer, torch.nn.Linear) and ".lora_" not in f".{name}" and not stays_fp32(f"{name}.weight", quantized_towers)
+    }
+
+
+def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]]) -> Sensitivity:
+    """First-order int8 sensitivity of every quantizable Linear of the eager FP32 `module`, on every answer row
+    of `requests` ((state, questions) pairs) that is not a near-tie."""
+    linears = quantizable_linears(module, family.export_spec.quantized_towers)
+    if not linears:
+        raise ValueError(f"{family.model_name} has no Linear that int8 quantizes")
+    names = list(linears)
+    captured: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooks = [layer.register_forward_hook(lambda _, args, out, key=key: captured.__setitem__(key, (args[0], out))) for key, layer in linears.items()]
+    flags = {parameter: parameter.requires_grad for parameter in module.parameters()}
+    for parameter in module.parameters():
+        parameter.requires_grad_(False)
+    for layer in linears.values():
+        layer.weight.requires_grad_(True)  # so every Linear's output is in the autograd graph; no weight gradient is asked for
+    rows: list[np.ndarray] = []
+    margins: list[float] = []
+    try:
+        for state, questions in requests:
+            for key, question in questions.items():  # one row per pass: the backward holds one row's activations
+                (batch,) = family.plan(state, {key: question}).batches
+                captured.clear()
+                inputs = {name: torch.from_numpy(np.ascontiguousarray(batch.inputs[name])) for name in family.input_names}
+                with torch.enable_grad():
+                    output = module(**inputs)[0]
+                    direction, margin = _margin_direction(family, batch.items[0], output.detach().float().numpy())
+                    if direction is None:
+                        continue
+                    target = (output.float() * torch.from_numpy(direction)).sum()
+                    gradients = torch.autograd.grad(target, [captured[name][1] for name in names])
+                rows.append(np.array([_variance(captured[name][0].detach(), g, linears[name].weight.detach()) for name, g in zip(names, gradients)]))
+                margins.append(margin)
+                del output, gradients
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for parameter, flag in flags.items():
+            parameter.requires_grad_(flag)
+        captured.clear()
+    if not rows:
+        raise ValueError("int8 calibration: every calibration answer is a near-tie; no margin to protect")
+    macs = np.array([linears[key].weight.numel() for key in names], dtype=np.float64)
+    return Sensitivity(names, macs, np.stack(rows), np.array(margins))
+
+
+def choose(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> list[str]:
+    """The fewest Linears (most harmful first, greedily) to keep FP32 so that every row's predicted spread is at
+    most `target` times its margin."""
+    variance, margins = sensitivity.variance, sensitivity.margins
+    remaining = np.ones(len(sensitivity.names), dtype=bool)
+    kept: list[str] = []
+    harm = (variance / margins[:, None] ** 2).sum(axis=0)
+    while remaining.any() and (np.sqrt(variance[:, remaining].sum(axis=1)) / margins).max() > target:
+        worst = int(np.argmax(np.where(remaining, harm, -1.0)))
+        remaining[worst] = False
+        kept.append(sensitivity.names[worst])
+    return kept
+
+
+def summary(sensitivity: Sensitivity, kept: list[str], target: float) -> dict:
+    """What the manifest records of the choice."""
+    before, after = sensitivity.spread(), sensitivity.spread(kept)
+    kept_set = set(kept)
+    share = float(sum(m for name, m in zip(sensitivity.names, sensitivity.macs) if name in kept_set) / sensitivity.macs.sum())
+    return {
+        "target": target,
+        "rows": len(sensitivity.margins),
+        "kept": kept,
+        "kept_share_of_quantizable_macs": round(share, 4),
+        "predicted_spread_all_int8": round(float(before.max()), 4),
+        "predicted_spread_chosen": round(float(after.max()), 4),
+    }
+
+
+def _variance(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor) -> float:
+    """The squared first-order change of the margin when one Linear runs in int8: its input x [.., tokens, in]
+    rounded per token and its weight rounded per output channel, exactly as the int8 graph rounds them, against
+    the margin's gradient g at its output [.., tokens, out]."""
+    x2 = x.reshape(-1, x.shape[-1]).double()
+    g2 = g.reshape(-1, g.shape[-1]).double()
+    w = weight.double()
+    token_steps = (x2.abs().amax(dim=1, keepdim=True) / QMAX).clamp_min(torch.finfo(torch.float32).tiny)
+    weight_steps = (w.abs().amax(dim=1, keepdim=True) / QMAX).clamp_min(torch.finfo(torch.float32).tiny)
+    x_error = torch.round(x2 / token_steps) * token_steps - x2
+    w_error = torch.round(w / weight_steps).clamp(-QMAX, QMAX) * weight_steps - w
+    change = (g2 * (x_error @ w.T)).sum() + (g2 * (x2 @ w_error.T)).sum()
+    return float(change) ** 2
+
+
+def _margin_direction(family: Family, item: Any, row: np.ndarray) -> tuple[np.ndarray | None, float]:
+    """The gradient of the answer's log-margin (top vs runner-up) over the output row, by central differences of
+    the family's answer math, and the margin; (None, 0) for near-ties and single-option rows."""
+    row = row.astype(np.float64)
+    reference = answer_distribution(family.answer(item, row))
+    if reference is None or len(reference) < 2:
+        return None, 0.0
+    order = np.argsort(reference)[::-1]
+    top, second = int(order[0]), int(order[1])
+    if reference[top] - reference[second] < NEAR_TIE_MARGIN or reference[second] <= 0:
+        return None, 0.0
+
+    def log_margin(values: np.ndarray) -> float:
+        distribution = answer_distribution(family.answer(item, values))
+        return math.log(distribution[top]) - math.log(distribution[second])
+
+    direction = np.zeros(row.shape, dtype=np.float32)
+    for index in range(min(len(item.question.options), len(row))):  # an answer reads its options' entries only
+        if not np.isfinite(row[index]):
+            continue
+        step = FINITE_DIFFERENCE_STEP * (abs(float(row[index])) or 1.0)
+        up, down = row.copy(), row.copy()
+        up[index] += step
+        down[index] -= step
+        try:
+            direction[index] = (log_margin(up) - log_margin(down)) / (2 * step)
+        except ValueError:  # the step left the answer's domain (a zero probability stepped below zero)
+            continue
+    return direction, log_margin(row)

@@ -154,14 +154,15 @@ def _variance(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor) -> float:
     """The squared first-order change of the margin when one Linear runs in int8: its input x [.., tokens, in]
     rounded per token and its weight rounded per output channel, exactly as the int8 graph rounds them, against
     the margin's gradient g at its output [.., tokens, out]."""
-    x2 = x.reshape(-1, x.shape[-1]).double()
-    g2 = g.reshape(-1, g.shape[-1]).double()
-    w = weight.double()
+    x2 = x.reshape(-1, x.shape[-1]).float()
+    g2 = g.reshape(-1, g.shape[-1]).float()
+    w = weight.float()
     token_steps = (x2.abs().amax(dim=1, keepdim=True) / QMAX).clamp_min(torch.finfo(torch.float32).tiny)
     weight_steps = (w.abs().amax(dim=1, keepdim=True) / QMAX).clamp_min(torch.finfo(torch.float32).tiny)
     x_error = torch.round(x2 / token_steps) * token_steps - x2
     w_error = torch.round(w / weight_steps).clamp(-QMAX, QMAX) * weight_steps - w
-    change = (g2 * (x_error @ w.T)).sum() + (g2 * (x2 @ w_error.T)).sum()
+    # <g, x_error W^T> + <g, x W_error^T> = <x_error, g W> + <W_error, g^T x>
+    change = (x_error * (g2 @ w)).sum(dtype=torch.float64) + (w_error * (g2.T @ x2)).sum(dtype=torch.float64)
     return float(change) ** 2
 
 

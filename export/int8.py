@@ -10,6 +10,9 @@ quantized MatMuls is quantized once and shared by all of them (q, k and v read o
   size alone already changes 4/80 there (`parity --weight-noise int8`), so no int8 form can pass it.
 - `tensor`: ORT's dynamic quantizer's pattern (`quantize_dynamic`: DynamicQuantizeLinear, uint8, one scale
   for the whole tensor), which ORT fuses into DynamicQuantizeMatMul / MatMulIntegerToFloat.
+Which MatMuls stay FP32: always the readout (outside the quantized towers) and the fixed rule below
+(`INT8_FP32_PROJECTIONS`); under `--int8-fp32 measured` (the default) also the ones the package's own first-order
+sensitivity names (`export.int8_sensitivity`), passed in through `keep_fp32`.
 The quantized weight is computed when the writer reaches it, from the package's tensor, so the exporter never
 holds more than one weight; the values are those of `quantize_dynamic`
 (`onnxruntime.quantization.quant_utils.quantize_data`, vectorized), which a test checks.

@@ -147,6 +147,10 @@ def summary(sensitivity: Sensitivity, kept: list[str], target: float) -> dict:
         "kept_share_of_quantizable_macs": round(share, 4),
         "predicted_spread_all_int8": round(float(before.max()), 4),
         "predicted_spread_chosen": round(float(after.max()), 4),
+        "answers": [
+            {"margin": round(float(margin), 4), "predicted_change_all_int8": round(float(b * margin), 5), "predicted_change_chosen": round(float(a * margin), 5)}
+            for margin, b, a in zip(sensitivity.margins, before, after)
+        ],  # per calibration answer: its log-margin and the predicted change of it (first order, |.|)
     }
 
 

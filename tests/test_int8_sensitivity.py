@@ -96,6 +96,7 @@ def test_choice_keeps_the_most_harmful_linears_until_every_row_meets_the_target(
     summary = int8_sensitivity.summary(sensitivity, ["a", "c"], 1.5)
     assert summary["kept_share_of_quantizable_macs"] == 0.75 and summary["predicted_spread_chosen"] == 1.0
     assert summary["predicted_spread_all_int8"] == round(math.sqrt(5), 4)
+    assert [(a["predicted_change_all_int8"], a["predicted_change_chosen"]) for a in summary["answers"]] == [(round(math.sqrt(5), 5), 1.0), (1.0, 0.0)]
 
 
 def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_path):

@@ -142,3 +142,22 @@ def test_measured_names_are_the_weights_the_int8_rewrite_quantizes_for_a_lora_pa
     assert manifest["int8"]["measured"]["kept"] and set(manifest["int8"]["measured"]["kept"]) <= set(names)
     assert manifest["int8"]["measured"]["predicted_spread_chosen"] == 0.0
     assert manifest["op_counts"].get("com.microsoft::MatMulIntegerToFloat", 0) == 0
+
+
+def test_measured_int8_is_refused_before_loading_where_its_backward_does_not_fit(packages, tmp_path, monkeypatch):
+    """Where ~16 bytes per parameter are not free the export refuses with the numbers and the way out (`rule`),
+    leaves no artifact, and the fixed rule still exports in the same memory."""
+    from vllm_sr_runtime.export import exporter
+    from vllm_sr_runtime.errors import ArtifactError
+
+    monkeypatch.setattr(exporter, "available_memory_bytes", lambda: 1024)
+    skeleton_only = exporter.build_export_module
+
+    def no_eager_model(family, dtype, *, weights=True):
+        assert not weights, "the eager model was loaded"
+        return skeleton_only(family, dtype, weights=False)
+
+    monkeypatch.setattr(exporter, "build_export_module", no_eager_model)
+    with pytest.raises(ArtifactError, match=r"--int8-fp32 rule") as refused:
+        export_package(packages["d3"], tmp_path / "measured", dtype="int8", progress=False, smoke="off")
+    assert "GiB free" in str(refused.value) and not (tmp_path / "measured").exists()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -25,8 +27,11 @@ def _one_share_of_the_cores_per_worker() -> None:
 _one_share_of_the_cores_per_worker()
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-# The runtime's cache (exported artifacts, ORT's optimized graphs) goes to a per-run directory, never ~/.cache.
-os.environ.setdefault("VLLM_SR_RUNTIME_CACHE_DIR", tempfile.mkdtemp(prefix="vsr-test-cache-"))
+# The runtime's cache (exported artifacts, ORT's optimized graphs) goes to a per-run directory, never ~/.cache,
+# removed when the test process ends.
+if "VLLM_SR_RUNTIME_CACHE_DIR" not in os.environ:
+    os.environ["VLLM_SR_RUNTIME_CACHE_DIR"] = tempfile.mkdtemp(prefix="vsr-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["VLLM_SR_RUNTIME_CACHE_DIR"], ignore_errors=True)
 sys.path.insert(0, str(Path(__file__).parent))
 
 from vllm_sr_runtime.synthetic.writer import write_synthetic_package  # noqa: E402

@@ -35,8 +35,9 @@ from vllm_sr_runtime.families.base import Family
 # with smaller margins than theirs.
 DEFAULT_TARGET = 0.25
 # Peak memory of the measurement per model parameter: the FP32 weights (4 bytes) and the backward's saved
-# activations of the eager module, whose transformers Gated DeltaNet fallback keeps many (d3-lite, 0.8B: 12.6 GiB).
-CALIBRATION_BYTES_PER_PARAMETER = 16
+# activations of the eager module, whose transformers Gated DeltaNet fallback keeps many (d3-lite, 0.75B parameters:
+# 12.6 GB over the process's start, 16.8 bytes per parameter; rounded up so the refusal errs on the safe side).
+CALIBRATION_BYTES_PER_PARAMETER = 18
 FINITE_DIFFERENCE_STEP = 1e-4  # relative to the output entry (a probability or a logit)
 # The smoke requests (every question type, short states) and one longer conversation, whose activations carry the
 # larger per-token ranges a long prompt builds up.

@@ -4,10 +4,11 @@ first-order sensitivity to int8 rounding.
 For every answer row of a few calibration requests, the decision margin is f = log p(top) - log p(runner-up) of
 the row's answer (the family's own answer math, differentiated numerically over the output row, so any readout
 and calibration is covered). One backward pass from f gives, for each quantizable Linear l (y = x W^T), the
-gradient g = df/dy. Int8 rounds W per output channel (step s_i = max|W_i| / 127) and x per token (step t_r =
-max|x_r| / 127); rounding errors are uniform, variance step^2 / 12, independent, so to first order f moves with
-variance v_l = sum_i s_i^2/12 sum_j (g^T x)_ij^2 + sum_r t_r^2/12 sum_j (g W)_rj^2. A row's predicted spread is
-sigma = sqrt(sum over quantized l of v_l); a decision flips when f crosses 0, i.e. when the move exceeds |f|.
+gradient g = df/dy. Int8 rounds W per output channel (step max|W_i| / 127) and x per token (step max|x_r| / 127);
+with those rounding errors W_err and x_err computed exactly as the graph rounds, f moves to first order by
+d_l = <x_err, g W> + <W_err, g^T x>, and v_l = d_l^2. The Linears' moves are combined as independent (their signs
+vary from layer to layer), so a row's predicted spread is sigma = sqrt(sum over quantized l of v_l); a decision
+flips when f crosses 0, i.e. when the move exceeds |f|.
 Linears are kept FP32, most harmful first (sum over rows of v_l / f^2), until every calibration row's sigma / |f|
 is at most the target.
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
         int8_activations=args.int8_activations,
         int8_fp32=args.int8_fp32,
         int8_target=args.int8_target,
+        int8_calibration=Path(args.int8_calibration) if args.int8_calibration else None,
     )
     smoke = manifest["smoke_parity"]
     ops = sum(manifest["op_counts"].values())
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if manifest["dtype"] == "int8" and manifest["int8"]["measured"]:
         measured = manifest["int8"]["measured"]
         print(
-            f"int8 measured on {measured['rows']} calibration answers: {len(measured['kept'])} MatMuls kept FP32 "
+            f"int8 measured on {measured['rows']} calibration answers{_calibration_source(measured['calibration'])}: {len(measured['kept'])} MatMuls kept FP32 "
             f"({measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds); predicted margin spread "
             f"{measured['predicted_spread_all_int8']:.3g} -> {measured['predicted_spread_chosen']:.3g} of the margin (target {measured['target']})"
         )
@@ -107,8 +109,17 @@ def register(sub) -> None:
         help="--int8-fp32 measured: keep MatMuls FP32 until every calibration answer's predicted margin change from int8 is "
         "at most F times its margin (default 0.25; smaller keeps more FP32)",
     )  # fmt: skip
+    parser.add_argument(
+        "--int8-calibration", metavar="FILE.jsonl",
+        help="--int8-fp32 measured: measure on these requests (one System One request per line, as `parity --suite` reads; "
+        "text only) instead of the built-in ones: requests like the traffic the model will serve",
+    )  # fmt: skip
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")
     parser.add_argument("--base-path")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
+
+
+def _calibration_source(source: dict) -> str:
+    return f" from {source['file']['name']}" if source.get("file") else " (built-in requests)"

@@ -63,12 +63,13 @@ def export_package(
     int8_activations: str = "token",
     int8_fp32: str = "measured",
     int8_target: float = DEFAULT_TARGET,
+    int8_calibration: Path | None = None,
 ) -> dict:
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     return export_family(
         family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context, smoke=smoke, lengths=lengths,
-        int8_activations=int8_activations, int8_fp32=int8_fp32, int8_target=int8_target,
+        int8_activations=int8_activations, int8_fp32=int8_fp32, int8_target=int8_target, int8_calibration=int8_calibration,
     )
 
 
@@ -86,6 +87,7 @@ def export_family(
     int8_activations: str = "token",
     int8_fp32: str = "measured",
     int8_target: float = DEFAULT_TARGET,
+    int8_calibration: Path | None = None,
 ) -> dict:
     """Trace, lower, write, check and smoke-test one artifact. `shared_context` adds a second graph,
     the module's forward_shared (prefix once, question rows continue from its state), for that profile
@@ -95,7 +97,8 @@ def export_family(
     default: powers of two from 128 to the package's longest prompt); rows are padded to the next one.
     Under int8, `int8_fp32` says which MatMuls stay FP32 besides the fixed rule's: `measured` (the Linears this
     package's first-order sensitivity names, until every calibration row's predicted spread is `int8_target`
-    times its margin or less) or `rule` (the fixed rule only)."""
+    times its margin or less) or `rule` (the fixed rule only). `int8_calibration`: a JSONL request file to measure on
+    instead of the built-in calibration requests."""
     if family.export_spec is None:
         raise ArtifactError(f"family {family.name} declares no export (its ExportSpec): it runs on its own engines only")
     towers = family.export_spec.quantized_towers
@@ -115,6 +118,11 @@ def export_family(
         raise ValueError(f"int8 FP32 choice must be one of {', '.join(INT8_FP32_CHOICES)}")
     if not int8_target > 0:
         raise ValueError(f"--int8-target must be > 0, not {int8_target}")
+    if int8_calibration is not None and not (dtype == "int8" and int8_fp32 == "measured"):
+        raise ValueError("--int8-calibration is what --dtype int8 --int8-fp32 measured measures on: give both, or drop it")
+    calibration = int8_sensitivity.calibration_requests(int8_calibration) if int8_calibration is not None else None
+    if calibration is not None:
+        int8_sensitivity.check_calibration(family, calibration)
     if smoke not in SMOKE_MODES:
         raise ValueError(f"smoke must be one of {', '.join(SMOKE_MODES)}")
     if variant == "portable" and family.reads_media:
@@ -142,7 +150,7 @@ def export_family(
         measured = None
         if calibrate:
             phase("calibrate")
-            measured = measure_int8_sensitivity(family, int8_target)
+            measured = measure_int8_sensitivity(family, int8_target, calibration)
             bar.update()
         kept = frozenset(measured["kept"]) if measured else frozenset()
         phase("trace")
@@ -249,9 +257,10 @@ def _numerics(family: Family, dtype: str = "fp32") -> Numerics:
     return dataclasses.replace(numerics, parameter_dtype=DTYPES[dtype]) if dtype in ("fp16", "bf16") else numerics
 
 
-def measure_int8_sensitivity(family: Family, target: float) -> dict:
-    """The Linears this package keeps FP32 under int8, measured on the eager FP32 module (loaded for this only).
-    Refused, before loading anything, where the eager model and its backward would not fit in free memory."""
+def measure_int8_sensitivity(family: Family, target: float, calibration: int8_sensitivity.Calibration | None = None) -> dict:
+    """The Linears this package keeps FP32 under int8, measured on the eager FP32 module (loaded for this only) on
+    `calibration` (default: the built-in requests). Refused, before loading anything, where the eager model and
+    its backward would not fit in free memory."""
     parameters = int(family.card().get("parameters") or 0)
     needed, available = int8_sensitivity.CALIBRATION_BYTES_PER_PARAMETER * parameters, available_memory_bytes()
     if available is not None and needed > available:
@@ -261,10 +270,11 @@ def measure_int8_sensitivity(family: Family, target: float) -> dict:
             "the artifact with `vllm-sr-runtime parity`"
         )
     eager = build_export_module(family, "fp32")
-    sensitivity = int8_sensitivity.measure(family, eager, list(int8_sensitivity.CALIBRATION_REQUESTS))
+    calibration = calibration or int8_sensitivity.BUILTIN_CALIBRATION
+    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests))
     del eager
     kept = int8_sensitivity.choose(sensitivity, target)
-    return int8_sensitivity.summary(sensitivity, kept, target)
+    return {**int8_sensitivity.summary(sensitivity, kept, target), "calibration": calibration.source}
 
 
 def build_export_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:

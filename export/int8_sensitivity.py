@@ -19,17 +19,21 @@ first layers (seed 3: layer 0 holds 47% of the predicted variance, layers 0-2 76
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 import torch
 
+from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.export.int8 import QMAX, stays_fp32
 from vllm_sr_runtime.export.smoke import SMOKE_QUESTIONS, SMOKE_REQUESTS
 from vllm_sr_runtime.families.answers import NEAR_TIE_MARGIN, answer_distribution
 from vllm_sr_runtime.families.base import Family
+from vllm_sr_runtime.request_files import load_jsonl
 
 # A decision flips when the margin moves by more than itself; keeping every row's predicted spread under a quarter
 # of its margin puts a flip 4 standard deviations away on the calibration rows, which leaves room for prompts
@@ -55,6 +59,44 @@ CALIBRATION_REQUESTS = SMOKE_REQUESTS + (
         {"domain": SMOKE_QUESTIONS["domain"], "difficulty": SMOKE_QUESTIONS["difficulty"]},
     ),
 )
+
+
+
+@dataclass(frozen=True)
+class Calibration:
+    requests: tuple[tuple[Any, dict], ...]  # (state, questions)
+    source: dict  # what artifact.json records: the file (name, sha256) or null for the built-in requests, and counts
+
+
+def _calibration(requests: tuple[tuple[Any, dict], ...], file: dict | None) -> Calibration:
+    return Calibration(requests, {"file": file, "requests": len(requests), "questions": sum(len(questions) for _, questions in requests)})
+
+
+BUILTIN_CALIBRATION = _calibration(CALIBRATION_REQUESTS, None)
+
+
+def calibration_requests(path: Path) -> Calibration:
+    """A JSONL request file (`parity --suite`'s format) to calibrate on: requests like the traffic the model will
+    serve. Text only: the media graphs stay FP32 under int8, so an image or a video has nothing to calibrate."""
+    path = Path(path)
+    requests = load_jsonl(path)
+    with_media = [request.id for request in requests if request.images or request.videos]
+    if with_media:
+        raise ValueError(f"{path}: int8 calibration requests are text only (the media graphs stay FP32 under int8); with media: {', '.join(with_media[:5])}")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _calibration(tuple((request.state, request.questions) for request in requests), {"name": path.name, "sha256": digest})
+
+
+def check_calibration(family: Family, calibration: Calibration) -> None:
+    """Every calibration question renders for this family (checked before the export does any work)."""
+    for number, (state, questions) in enumerate(calibration.requests, start=1):
+        try:
+            errors = family.plan(state, questions).errors
+        except InvalidRequest as exc:
+            raise ValueError(f"int8 calibration request {number}: {exc}") from None
+        if errors:
+            problems = "; ".join(f"{qid}: {answer['message']}" for qid, answer in errors.items())
+            raise ValueError(f"int8 calibration request {number}: {problems}")
 
 
 @dataclass

@@ -13,7 +13,8 @@ def run(args: argparse.Namespace) -> int:
     import vllm_sr_runtime
     from vllm_sr_runtime.parity.compare import compare, default_gates, gates, summarize
     from vllm_sr_runtime.parity.report import write_report
-    from vllm_sr_runtime.parity.suite import builtin_suite, load_jsonl, short_suite
+    from vllm_sr_runtime.parity.suite import builtin_suite, short_suite
+    from vllm_sr_runtime.request_files import load_jsonl
 
     if args.weight_noise_factor != 1.0 and not args.weight_noise:
         raise ValueError("--weight-noise-factor scales --weight-noise: give --weight-noise int8 too")

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from vllm_sr_runtime.parity.suite import SuiteRequest
+from vllm_sr_runtime.request_files import SuiteRequest
 from vllm_sr_runtime.families.answers import NEAR_TIE_MARGIN, answer_distribution, top_margin
 LENGTH_BUCKETS = ((0, 128), (128, 512), (512, 2048), (2048, 8192), (8192, 1 << 30))
 

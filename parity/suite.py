@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import random
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from vllm_sr_runtime.request_files import SuiteRequest
 from vllm_sr_runtime.synthetic.media import data_url, gradient, moving_square_video, png_bytes
 
 TOPICS = [
@@ -25,15 +23,6 @@ TOPICS = [
 WORDS = "data model route query budget latency code legal health travel math finance safety creative tone user".split()
 LONG_CONTEXT = "\n\nContext:\n"  # opens the filler of the suite's long states
 LEVEL_WORDS = ["none", "trivial", "easy", "moderate", "medium", "involved", "hard", "very hard", "expert", "research"]
-
-
-@dataclass
-class SuiteRequest:
-    id: str
-    state: Any
-    questions: dict
-    images: list[str] | None = None  # base64 data URLs (Decision 3.0 models with a vision tower)
-    videos: list[str] | None = None
 
 
 def _state(rng: random.Random, long_tokens: int | None) -> Any:
@@ -134,25 +123,3 @@ def media_requests(rng: random.Random) -> list[SuiteRequest]:
         SuiteRequest(id="media-video", state="What happens in the clip?", questions=ask, videos=[video]),
         SuiteRequest(id="media-image-video", state="Does the picture match the clip?", questions=ask, images=images[:1], videos=[video]),
     ]
-
-
-def load_jsonl(path: Path) -> list[SuiteRequest]:
-    requests = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            body = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
-        if not isinstance(body, dict) or "questions" not in body:
-            raise ValueError(f"{path}:{number}: each line must be a System One request with state and questions")
-        requests.append(
-            SuiteRequest(
-                id=str(body.get("id", f"line-{number}")), state=body.get("state"), questions=body["questions"],
-                images=body.get("images"), videos=body.get("videos"),
-            )
-        )  # fmt: skip
-    if not requests:
-        raise ValueError(f"{path}: no requests")
-    return requests

@@ -161,3 +161,48 @@ def test_measured_int8_is_refused_before_loading_where_its_backward_does_not_fit
     with pytest.raises(ArtifactError, match=r"--int8-fp32 rule") as refused:
         export_package(packages["d3"], tmp_path / "measured", dtype="int8", progress=False, smoke="off")
     assert "GiB free" in str(refused.value) and not (tmp_path / "measured").exists()
+
+
+def _write_requests(path, requests):
+    path.write_text("".join(json.dumps(request) + "\n" for request in requests))
+    return path
+
+
+def test_a_calibration_file_is_what_the_measurement_runs_on(packages, models, tmp_path):
+    """`--int8-calibration FILE.jsonl`: the measurement runs one pass per answer of the file's requests (near-ties
+    aside), the manifest names the file by sha256, and a request the family cannot render, one with media or a file
+    given without int8 measured is refused before any work."""
+    from vllm_sr_runtime.export.exporter import measure_int8_sensitivity
+
+    family = models("d3").family
+    requests = [
+        {"id": "a", "state": "Route this: which database fits a write-heavy workload?", "questions": {"d": {"type": "choice", "criteria": {"sql": None, "kv": None, "graph": None}}, "y": {"type": "noul", "instructions": "Is it about data?"}}},
+        {"state": {"user": "Score the difficulty of a proof.", "history": []}, "questions": {"s": {"type": "score", "criteria": ["easy", "medium", "hard", "expert"]}}},
+    ]  # fmt: skip
+    path = _write_requests(tmp_path / "traffic.jsonl", requests)
+    calibration = int8_sensitivity.calibration_requests(path)
+    assert calibration.source == {"file": {"name": "traffic.jsonl", "sha256": __import__("hashlib").sha256(path.read_bytes()).hexdigest()}, "requests": 2, "questions": 3}
+    int8_sensitivity.check_calibration(family, calibration)
+
+    measured = measure_int8_sensitivity(family, 0.5, calibration)
+    near_ties = 0
+    for request in requests:
+        for answer in family_answers(models("d3"), request):
+            ordered = sorted(answer_distribution(answer), reverse=True)
+            near_ties += ordered[0] - ordered[1] < int8_sensitivity.NEAR_TIE_MARGIN
+    assert measured["rows"] == 3 - near_ties > 0 and measured["calibration"] == calibration.source
+    assert measure_int8_sensitivity(family, 0.5)["calibration"] == {"file": None, "requests": len(int8_sensitivity.CALIBRATION_REQUESTS), "questions": int8_sensitivity.BUILTIN_CALIBRATION.source["questions"]}
+
+    bad = _write_requests(tmp_path / "bad.jsonl", [{"state": "x", "questions": {"q": {"type": "choice", "criteria": {}}}}])
+    with pytest.raises(ValueError, match="calibration request 1"):
+        int8_sensitivity.check_calibration(family, int8_sensitivity.calibration_requests(bad))
+    media = _write_requests(tmp_path / "media.jsonl", [{"id": "pic", "state": "x", "questions": requests[0]["questions"], "images": ["data:image/png;base64,AA=="]}])
+    with pytest.raises(ValueError, match="text only.*pic"):
+        int8_sensitivity.calibration_requests(media)
+    with pytest.raises(ValueError, match="--int8-calibration"):
+        export_package(packages["d3"], tmp_path / "rule", dtype="int8", int8_fp32="rule", int8_calibration=path, progress=False)
+    assert not (tmp_path / "rule").exists()
+
+
+def family_answers(model, request):
+    return model.ask(request["state"], request["questions"]).values()

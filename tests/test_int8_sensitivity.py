@@ -187,7 +187,7 @@ def test_a_calibration_file_is_what_the_measurement_runs_on(packages, models, tm
     measured = measure_int8_sensitivity(family, 0.5, calibration)
     near_ties = 0
     for request in requests:
-        for answer in family_answers(models("d3"), request):
+        for answer in _answers_of(models("d3"), request):
             ordered = sorted(answer_distribution(answer), reverse=True)
             near_ties += ordered[0] - ordered[1] < int8_sensitivity.NEAR_TIE_MARGIN
     assert measured["rows"] == 3 - near_ties > 0 and measured["calibration"] == calibration.source
@@ -204,5 +204,5 @@ def test_a_calibration_file_is_what_the_measurement_runs_on(packages, models, tm
     assert not (tmp_path / "rule").exists()
 
 
-def family_answers(model, request):
+def _answers_of(model, request):
     return model.ask(request["state"], request["questions"]).values()

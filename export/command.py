@@ -42,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
             f"({measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds); predicted margin spread "
             f"{measured['predicted_spread_all_int8']:.3g} -> {measured['predicted_spread_chosen']:.3g} of the margin (target {measured['target']})"
         )
+        if not measured["calibration"].get("file"):
+            print(
+                "int8 calibrated on the built-in requests, whose answers are confident: the target is relative to their margins, so "
+                "closer calls in your traffic can still flip; --int8-calibration FILE.jsonl measures on requests like your traffic"
+            )
     if manifest["dtype"] == "int8":
         print(
             f"int8 ({manifest['int8']['activations']} activations): not established as answering like exact on every package "

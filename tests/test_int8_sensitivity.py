@@ -115,7 +115,7 @@ def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_
     measured = manifest["int8"]["measured"]
     assert manifest["int8"]["fp32_choice"] == "measured" and measured["target"] == 0.5 and manifest["smoke"]["ran"]
     assert measured["kept"] and measured["predicted_spread_chosen"] <= 0.5 < measured["predicted_spread_all_int8"]
-    assert f"{len(measured['kept'])} MatMuls" in result.stdout
+    assert f"{len(measured['kept'])} MatMuls" in result.stdout and "--int8-calibration FILE.jsonl" in result.stdout
     fused = "com.microsoft::MatMulIntegerToFloat"
     assert rule["op_counts"][fused] - manifest["op_counts"][fused] == len(measured["kept"])
     assert manifest["op_counts"]["ai.onnx::MatMul"] - rule["op_counts"]["ai.onnx::MatMul"] == len(measured["kept"])

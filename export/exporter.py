@@ -118,7 +118,8 @@ def export_family(
         raise ValueError(f"int8 FP32 choice must be one of {', '.join(INT8_FP32_CHOICES)}")
     if not int8_target > 0:
         raise ValueError(f"--int8-target must be > 0, not {int8_target}")
-    if int8_calibration is not None and not (dtype == "int8" and int8_fp32 == "measured"):
+    calibrate = dtype == "int8" and int8_fp32 == "measured"
+    if int8_calibration is not None and not calibrate:
         raise ValueError("--int8-calibration is what --dtype int8 --int8-fp32 measured measures on: give both, or drop it")
     calibration = int8_sensitivity.calibration_requests(int8_calibration) if int8_calibration is not None else None
     if calibration is not None:
@@ -134,7 +135,6 @@ def export_family(
     disk_needed = check_disk_space(out, family.card().get("parameters"), dtype)
     from vllm_sr_runtime.export.media_graphs import MEDIA_PHASES, export_media
 
-    calibrate = dtype == "int8" and int8_fp32 == "measured"
     phase_count = len(PHASES) + calibrate + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if family.reads_media else 0)
     bar = tqdm(total=phase_count, desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
     phase = PhaseClock(bar, progress)

@@ -108,8 +108,12 @@ class Sensitivity:
 
     def spread(self, kept: Iterable[str] = ()) -> np.ndarray:
         """Each row's predicted sigma / |margin| with the `kept` Linears FP32."""
-        mask = np.array([name not in set(kept) for name in self.names], dtype=bool)
-        return np.sqrt(self.variance[:, mask].sum(axis=1)) / self.margins
+        kept = set(kept)
+        return self.spread_of(np.array([name not in kept for name in self.names], dtype=bool))
+
+    def spread_of(self, quantized: np.ndarray) -> np.ndarray:
+        """Each row's predicted sigma / |margin| with only the Linears the boolean mask `quantized` marks in int8."""
+        return np.sqrt(self.variance[:, quantized].sum(axis=1)) / self.margins
 
 
 def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ...]) -> dict[str, torch.nn.Linear]:
@@ -168,11 +172,10 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
 def choose(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> list[str]:
     """The fewest Linears (most harmful first, greedily) to keep FP32 so that every row's predicted spread is at
     most `target` times its margin."""
-    variance, margins = sensitivity.variance, sensitivity.margins
     remaining = np.ones(len(sensitivity.names), dtype=bool)
     kept: list[str] = []
-    harm = (variance / margins[:, None] ** 2).sum(axis=0)
-    while remaining.any() and (np.sqrt(variance[:, remaining].sum(axis=1)) / margins).max() > target:
+    harm = (sensitivity.variance / sensitivity.margins[:, None] ** 2).sum(axis=0)
+    while remaining.any() and sensitivity.spread_of(remaining).max() > target:
         worst = int(np.argmax(np.where(remaining, harm, -1.0)))
         remaining[worst] = False
         kept.append(sensitivity.names[worst])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES, MOSTLY_FP32_SHARE
+
 
 def run(args: argparse.Namespace) -> int:
     from vllm_sr_runtime.export.exporter import export_package
@@ -44,8 +46,13 @@ def run(args: argparse.Namespace) -> int:
         )
         if not measured["calibration"].get("file"):
             print(
-                "int8 calibrated on the built-in requests, whose answers are confident: the target is relative to their margins, so "
-                "closer calls in your traffic can still flip; --int8-calibration FILE.jsonl measures on requests like your traffic"
+                "int8 calibrated on the built-in requests (generic short questions of every type): the target protects answers as close "
+                "as theirs; --int8-calibration FILE.jsonl measures on requests like your traffic"
+            )
+        if measured["kept_share_of_quantizable_macs"] >= MOSTLY_FP32_SHARE:
+            print(
+                f"int8 keeps {measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds FP32: this package is sensitive to "
+                "8-bit rounding, so this artifact runs not far from --dtype fp32's speed; compare both with `vllm-sr-runtime bench`"
             )
     if manifest["dtype"] == "int8":
         print(
@@ -100,19 +107,19 @@ def register(sub) -> None:
         "package's longest prompt, which always gets one). Each graph is compiled, and holds its weights, on MIGraphX",
     )  # fmt: skip
     parser.add_argument(
-        "--int8-activations", default="token", choices=["token", "tensor"],
+        "--int8-activations", default=ACTIVATION_FORMS[0], choices=ACTIVATION_FORMS,
         help="--dtype int8: one activation scale per token (default; robust to outlier tokens) or per tensor (ORT quantize_dynamic's form)",
     )  # fmt: skip
     parser.add_argument(
-        "--int8-fp32", default="measured", choices=["measured", "rule"],
+        "--int8-fp32", default=INT8_FP32_CHOICES[0], choices=INT8_FP32_CHOICES,
         help="--dtype int8: which MatMuls stay FP32 besides the fixed rule's (token mixers' output projections, GDN gate inputs): "
         "measured (default; this package's first-order sensitivity on calibration requests picks the most harmful ones, "
         "until --int8-target holds) or rule (none)",
     )  # fmt: skip
     parser.add_argument(
-        "--int8-target", type=float, default=0.25, metavar="F",
+        "--int8-target", type=float, default=DEFAULT_TARGET, metavar="F",
         help="--int8-fp32 measured: keep MatMuls FP32 until every calibration answer's predicted margin change from int8 is "
-        "at most F times its margin (default 0.25; smaller keeps more FP32)",
+        f"at most F times its margin (default {DEFAULT_TARGET}; smaller keeps more FP32)",
     )  # fmt: skip
     parser.add_argument(
         "--int8-calibration", metavar="FILE.jsonl",

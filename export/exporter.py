@@ -17,9 +17,9 @@ from vllm_sr_runtime.export.context import ExportContext
 from vllm_sr_runtime.export.disk_space import check_disk_space
 from vllm_sr_runtime.export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
 from vllm_sr_runtime.export.graph_passes import op_counts
-from vllm_sr_runtime.export.int8 import ACTIVATION_FORMS, INT8_FP32_CHOICES, INT8_FP32_PROJECTIONS
+from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES
 from vllm_sr_runtime.export import int8_sensitivity
-from vllm_sr_runtime.export.int8_sensitivity import DEFAULT_TARGET
 from vllm_sr_runtime.export.phases import PhaseClock, available_memory_bytes
 from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, plan_smoke, smoke_parity
 from vllm_sr_runtime.export.static_graphs import check_cuda_kernels, static_sequence_lengths, write_static_graphs
@@ -121,8 +121,9 @@ def export_family(
     calibrate = dtype == "int8" and int8_fp32 == "measured"
     if int8_calibration is not None and not calibrate:
         raise ValueError("--int8-calibration is what --dtype int8 --int8-fp32 measured measures on: give both, or drop it")
-    calibration = int8_sensitivity.calibration_requests(int8_calibration) if int8_calibration is not None else None
-    if calibration is not None:
+    calibration = None
+    if calibrate:
+        calibration = int8_sensitivity.calibration_requests(int8_calibration) if int8_calibration is not None else int8_sensitivity.builtin_calibration()
         int8_sensitivity.check_calibration(family, calibration)
     if smoke not in SMOKE_MODES:
         raise ValueError(f"smoke must be one of {', '.join(SMOKE_MODES)}")
@@ -270,7 +271,7 @@ def measure_int8_sensitivity(family: Family, target: float, calibration: int8_se
             "the artifact with `vllm-sr-runtime parity`"
         )
     eager = build_export_module(family, "fp32")
-    calibration = calibration or int8_sensitivity.BUILTIN_CALIBRATION
+    calibration = calibration or int8_sensitivity.builtin_calibration()
     sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests))
     del eager
     kept = int8_sensitivity.choose(sensitivity, target)

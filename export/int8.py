@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 import onnx_ir as ir
 
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS
 from vllm_sr_runtime.export.streaming import TracedGraph
 
 # Backbone weights kept FP32 under --dtype int8, by parameter-name suffix: the token mixers' output
@@ -41,8 +42,6 @@ from vllm_sr_runtime.export.streaming import TracedGraph
 # quantizing o_proj/out_proj too still changes 0/80 on seed 0 but 16/80 (not 11/80) on seed 3: they stay FP32.
 INT8_FP32_PROJECTIONS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight", "linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight")
 QMAX = 127  # symmetric signed int8 weights: [-127, 127] (ORT's WeightSymmetric default for QInt8)
-ACTIVATION_FORMS = ("token", "tensor")
-INT8_FP32_CHOICES = ("measured", "rule")  # which MatMuls stay FP32 beyond the fixed rule: measured per package, or none
 TOKEN_ZERO_POINT = 128  # per-token activations: round(x / scale) in [-127, 127], stored as uint8 + 128
 BLOCK_ROWS = 1024  # rows quantized per step, so temporaries stay a fraction of the weight
 

@@ -30,36 +30,23 @@ import torch
 
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.export.int8 import QMAX, stays_fp32
-from vllm_sr_runtime.export.smoke import SMOKE_QUESTIONS, SMOKE_REQUESTS
+from vllm_sr_runtime.export.int8_options import DEFAULT_TARGET
 from vllm_sr_runtime.families.answers import NEAR_TIE_MARGIN, answer_distribution
 from vllm_sr_runtime.families.base import Family
 from vllm_sr_runtime.request_files import load_jsonl
 
-# A decision flips when the margin moves by more than itself; keeping every row's predicted spread under a quarter
-# of its margin puts a flip 4 standard deviations away on the calibration rows, which leaves room for prompts
-# with smaller margins than theirs.
-DEFAULT_TARGET = 0.25
 # Peak memory of the measurement per model parameter: the FP32 weights (4 bytes) and the backward's saved
 # activations of the eager module, whose transformers Gated DeltaNet fallback keeps many (d3-lite, 0.75B parameters:
 # 12.6 GB over the process's start, 16.8 bytes per parameter; rounded up so the refusal errs on the safe side).
 CALIBRATION_BYTES_PER_PARAMETER = 18
 FINITE_DIFFERENCE_STEP = 1e-4  # relative to the output entry (a probability or a logit)
-# The smoke requests (every question type, short states) and one longer conversation, whose activations carry the
-# larger per-token ranges a long prompt builds up.
-CALIBRATION_REQUESTS = SMOKE_REQUESTS + (
-    (
-        {
-            "user": "Our nightly build fails since the dependency upgrade; the linker cannot find the math library.",
-            "history": [
-                {"role": "user", "content": f"Step {step}: I ran the build with verbose output and pasted the log section {step} below."}
-                for step in range(12)
-            ],
-            "tools": ["shell", "search", "editor"],
-        },
-        {"domain": SMOKE_QUESTIONS["domain"], "difficulty": SMOKE_QUESTIONS["difficulty"]},
-    ),
-)
-
+# The built-in calibration: 30 short questions of every type (text and JSON states, choices of 2-12 options, scores,
+# nouls) from the generator of `parity --suite` (the built-in suite's short requests that follow `--suite short`'s 80
+# at a 4,094-token limit, so disjoint from them; `tests/test_int8_sensitivity.py` regenerates it). Traffic-like on
+# purpose: the target is relative to the calibration answers' margins, and the earlier built-in (the smoke requests
+# and a 12-turn conversation, all confident: log margins 5.9-19.7) let a change that flips closer calls pass
+# (d3-lite seed 2: 6/80 decisions changed with it, 0/80 with these).
+BUILTIN_CALIBRATION_FILE = Path(__file__).with_name("int8_calibration.jsonl")
 
 
 @dataclass(frozen=True)
@@ -72,7 +59,9 @@ def _calibration(requests: tuple[tuple[Any, dict], ...], file: dict | None) -> C
     return Calibration(requests, {"file": file, "requests": len(requests), "questions": sum(len(questions) for _, questions in requests)})
 
 
-BUILTIN_CALIBRATION = _calibration(CALIBRATION_REQUESTS, None)
+def builtin_calibration() -> Calibration:
+    """The built-in calibration requests (`BUILTIN_CALIBRATION_FILE`); the manifest records them as no file."""
+    return _calibration(tuple((request.state, request.questions) for request in load_jsonl(BUILTIN_CALIBRATION_FILE)), None)
 
 
 def calibration_requests(path: Path) -> Calibration:

@@ -12,9 +12,10 @@ import onnx
 import pytest
 import torch
 
-from vllm_sr_runtime.export import int8_sensitivity
+from vllm_sr_runtime.export import int8_options, int8_sensitivity
 from vllm_sr_runtime.export.exporter import build_export_module, export_package
 from vllm_sr_runtime.families.answers import answer_distribution
+from vllm_sr_runtime.parity.suite import short_suite
 
 
 def _rounded_per_row(values: torch.Tensor) -> torch.Tensor:
@@ -48,7 +49,7 @@ def test_first_order_prediction_matches_the_margin_change_of_quantizing_one_line
     to ~15% on a few (not chased further). Leaving out either term (weight or input rounding) misses by far more."""
     family = models(name).family
     module = build_export_module(family, "fp32")
-    requests = [(state, {key: question}) for state, questions in int8_sensitivity.CALIBRATION_REQUESTS for key, question in questions.items()]
+    requests = [(state, {key: question}) for state, questions in int8_sensitivity.builtin_calibration().requests for key, question in questions.items()][:10]
     checked = 0
     flags = [p.requires_grad for p in module.parameters()]
     for state, questions in requests:
@@ -81,6 +82,19 @@ def test_first_order_prediction_matches_the_margin_change_of_quantizing_one_line
         if checked >= 4:
             break
     assert checked >= 4
+
+
+def test_the_builtin_calibration_is_the_suite_generators_questions_that_parity_short_does_not_ask():
+    """The built-in calibration file is regenerated here: the built-in suite's short requests (limit 4,094 tokens,
+    d3-lite's) that follow `--suite short`'s 80 questions, 30 questions of every type, none of them a request that
+    `parity --suite short` asks (so a parity run of an int8 artifact is not judged on its own calibration)."""
+    parity_short = {request.id for request in short_suite(4094, 80)}
+    expected = [request for request in short_suite(4094, 110) if request.id not in parity_short]
+    calibration = int8_sensitivity.builtin_calibration()
+    assert [(state, questions) for state, questions in calibration.requests] == [(request.state, request.questions) for request in expected]
+    assert calibration.source == {"file": None, "requests": 8, "questions": 30}
+    assert {question["type"] for _, questions in calibration.requests for question in questions.values()} == {"choice", "score", "noul"}
+    assert any(isinstance(state, dict) for state, _ in calibration.requests) and any(isinstance(state, str) for state, _ in calibration.requests)
 
 
 def test_choice_keeps_the_most_harmful_linears_until_every_row_meets_the_target():
@@ -116,6 +130,8 @@ def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_
     assert manifest["int8"]["fp32_choice"] == "measured" and measured["target"] == 0.5 and manifest["smoke"]["ran"]
     assert measured["kept"] and measured["predicted_spread_chosen"] <= 0.5 < measured["predicted_spread_all_int8"]
     assert f"{len(measured['kept'])} MatMuls" in result.stdout and "--int8-calibration FILE.jsonl" in result.stdout
+    mostly_fp32 = measured["kept_share_of_quantizable_macs"] >= int8_options.MOSTLY_FP32_SHARE
+    assert ("runs not far from --dtype fp32's speed" in result.stdout) == mostly_fp32
     fused = "com.microsoft::MatMulIntegerToFloat"
     assert rule["op_counts"][fused] - manifest["op_counts"][fused] == len(measured["kept"])
     assert manifest["op_counts"]["ai.onnx::MatMul"] - rule["op_counts"]["ai.onnx::MatMul"] == len(measured["kept"])
@@ -191,7 +207,7 @@ def test_a_calibration_file_is_what_the_measurement_runs_on(packages, models, tm
             ordered = sorted(answer_distribution(answer), reverse=True)
             near_ties += ordered[0] - ordered[1] < int8_sensitivity.NEAR_TIE_MARGIN
     assert measured["rows"] == 3 - near_ties > 0 and measured["calibration"] == calibration.source
-    assert measure_int8_sensitivity(family, 0.5)["calibration"] == {"file": None, "requests": len(int8_sensitivity.CALIBRATION_REQUESTS), "questions": int8_sensitivity.BUILTIN_CALIBRATION.source["questions"]}
+    assert measure_int8_sensitivity(family, 0.5)["calibration"] == {"file": None, "requests": 8, "questions": 30}
 
     bad = _write_requests(tmp_path / "bad.jsonl", [{"state": "x", "questions": {"q": {"type": "choice", "criteria": {}}}}])
     with pytest.raises(ValueError, match="calibration request 1"):

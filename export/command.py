@@ -44,6 +44,12 @@ def run(args: argparse.Namespace) -> int:
             f"({measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds); predicted margin spread "
             f"{measured['predicted_spread_all_int8']:.3g} -> {measured['predicted_spread_chosen']:.3g} of the margin (target {measured['target']})"
         )
+        checked = measured.get("calibration_parity")
+        if checked:
+            print(
+                f"int8 graph on the calibration questions: {checked['decisions_changed']}/{checked['questions']} decisions changed "
+                f"({checked['decisions_changed_beyond_near_ties']} where exact chose by more than a near-tie), max |dp| {checked['max_abs_diff']:.3g}"
+            )
         if not measured["calibration"].get("file"):
             print(
                 "int8 calibrated on the built-in requests (generic short questions of every type): the target protects answers as close "

@@ -188,6 +188,8 @@ def export_family(
                 eager = build_export_module(family, "fp32")  # the reference (exact's CPU numerics), beside one session
                 parity = smoke_parity(family, eager, engine)
                 check_smoke(parity, dtype)
+                if measured is not None:  # the int8 graph itself on the answers the choice protected (recorded, not gated)
+                    measured["calibration_parity"] = smoke_parity(family, eager, engine, requests=calibration.requests)
                 golden = golden_answers(family, eager)
             bar.update()
             context = ExportContext(
@@ -275,7 +277,8 @@ def measure_int8_sensitivity(family: Family, target: float, calibration: int8_se
     sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests))
     del eager
     kept = int8_sensitivity.choose(sensitivity, target)
-    return {**int8_sensitivity.summary(sensitivity, kept, target), "calibration": calibration.source}
+    # calibration_parity: the finished int8 graph against eager on the same requests, filled in by the smoke phase
+    return {**int8_sensitivity.summary(sensitivity, kept, target), "calibration": calibration.source, "calibration_parity": None}
 
 
 def build_export_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:

@@ -64,18 +64,20 @@ def check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
         )
 
 
-def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact", media: Any = None) -> dict:
-    """Eager module vs the graph on the smoke questions: one request of every question type (a padded batch
-    of rows, a JSON state) and one single-row request (a text state): max |dp| and decisions changed. Under
-    shared_context both sides share the multi-question request's prefix; with `media` (prepared
-    images/videos) every request reads them."""
+def smoke_parity(
+    family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact", media: Any = None, requests: tuple[tuple[Any, dict], ...] = SMOKE_REQUESTS
+) -> dict:
+    """Eager module vs the graph on `requests` ((state, questions) pairs; default the smoke questions: one request
+    of every question type (a padded batch of rows, a JSON state) and one single-row request (a text state)): max
+    |dp| and decisions changed. Under shared_context both sides share the multi-question request's prefix; with
+    `media` (prepared images/videos) every request reads them."""
     from vllm_sr_runtime.devices import parse_device
     from vllm_sr_runtime.model import DecisionModel
 
     eager = eager_model(family, module, profile)
     graph = DecisionModel(family, engine, profile, parse_device("cpu"), "", shared_min_tokens=0)
     worst, changed, beyond_ties, count = 0.0, 0, 0, 0
-    for state, questions in SMOKE_REQUESTS:
+    for state, questions in requests:
         if media is None:
             left, right = eager.ask(state, questions), graph.ask(state, questions)
         else:

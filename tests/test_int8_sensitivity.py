@@ -12,6 +12,7 @@ import onnx
 import pytest
 import torch
 
+import vllm_sr_runtime
 from vllm_sr_runtime.export import int8_options, int8_sensitivity
 from vllm_sr_runtime.export.exporter import build_export_module, export_package
 from vllm_sr_runtime.families.answers import answer_distribution
@@ -132,13 +133,26 @@ def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_
     assert f"{len(measured['kept'])} MatMuls" in result.stdout and "--int8-calibration FILE.jsonl" in result.stdout
     mostly_fp32 = measured["kept_share_of_quantizable_macs"] >= int8_options.MOSTLY_FP32_SHARE
     assert ("runs not far from --dtype fp32's speed" in result.stdout) == mostly_fp32
+    # the smoke phase ran the finished graph on the calibration questions: what the served artifact answers there
+    exact = vllm_sr_runtime.load(packages["d3"])
+    served = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=tmp_path / "measured")
+    worst, changed = 0.0, 0
+    for state, questions in int8_sensitivity.builtin_calibration().requests:
+        left, right = exact.ask(state, questions), served.ask(state, questions)
+        for key in questions:
+            a, b = np.array(answer_distribution(left[key])), np.array(answer_distribution(right[key]))
+            worst, changed = max(worst, float(np.abs(a - b).max())), changed + int(a.argmax() != b.argmax())
+    checked = measured["calibration_parity"]
+    assert checked["questions"] == 30 and checked["decisions_changed"] == changed
+    assert checked["max_abs_diff"] == pytest.approx(worst, rel=1e-3, abs=1e-6)
+    assert f"int8 graph on the calibration questions: {changed}/30 decisions changed" in result.stdout
     fused = "com.microsoft::MatMulIntegerToFloat"
     assert rule["op_counts"][fused] - manifest["op_counts"][fused] == len(measured["kept"])
     assert manifest["op_counts"]["ai.onnx::MatMul"] - rule["op_counts"]["ai.onnx::MatMul"] == len(measured["kept"])
     # the kept weights are in the graph as FP32 initializers, bit for bit the package's
     graph = onnx.load(str(tmp_path / "measured" / "model.onnx"))
     fp32 = [onnx.numpy_helper.to_array(t) for t in graph.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2]
-    module = build_export_module(__import__("vllm_sr_runtime").load(packages["d3"]).family, "fp32")
+    module = build_export_module(vllm_sr_runtime.load(packages["d3"]).family, "fp32")
     parameters = dict(module.named_parameters())
     for name in measured["kept"]:
         weight = parameters[name].detach().numpy()

@@ -151,7 +151,7 @@ def export_family(
         measured = None
         if calibrate:
             phase("calibrate")
-            measured = measure_int8_sensitivity(family, int8_target, calibration)
+            measured = measure_int8_sensitivity(family, int8_target, calibration, progress=progress)
             bar.update()
         kept = frozenset(measured["kept"]) if measured else frozenset()
         phase("trace")
@@ -260,7 +260,7 @@ def _numerics(family: Family, dtype: str = "fp32") -> Numerics:
     return dataclasses.replace(numerics, parameter_dtype=DTYPES[dtype]) if dtype in ("fp16", "bf16") else numerics
 
 
-def measure_int8_sensitivity(family: Family, target: float, calibration: int8_sensitivity.Calibration | None = None) -> dict:
+def measure_int8_sensitivity(family: Family, target: float, calibration: int8_sensitivity.Calibration | None = None, progress: bool = False) -> dict:
     """The Linears this package keeps FP32 under int8, measured on the eager FP32 module (loaded for this only) on
     `calibration` (default: the built-in requests). Refused, before loading anything, where the eager model and
     its backward would not fit in free memory."""
@@ -274,7 +274,7 @@ def measure_int8_sensitivity(family: Family, target: float, calibration: int8_se
         )
     eager = build_export_module(family, "fp32")
     calibration = calibration or int8_sensitivity.builtin_calibration()
-    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests))
+    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress)
     del eager
     kept = int8_sensitivity.choose(sensitivity, target)
     # calibration_parity: the finished int8 graph against eager on the same requests, filled in by the smoke phase

@@ -21,7 +21,7 @@ from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS
 from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES
 from vllm_sr_runtime.export import int8_sensitivity
 from vllm_sr_runtime.export.phases import PhaseClock, available_memory_bytes
-from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, plan_smoke, smoke_parity
+from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, graph_parity, plan_smoke, smoke_parity
 from vllm_sr_runtime.export.static_graphs import check_cuda_kernels, static_sequence_lengths, write_static_graphs
 from vllm_sr_runtime.export.streaming import StreamedModule, trace
 from vllm_sr_runtime.accelerators import CUDA
@@ -148,10 +148,10 @@ def export_family(
         config = family.backbone_config()
         gdn = gdn_dims(config)
         bar.update()
-        measured = None
+        measured, calibration_answers = None, []
         if calibrate:
             phase("calibrate")
-            measured = measure_int8_sensitivity(family, int8_target, calibration, progress=progress)
+            measured, calibration_answers = measure_int8_sensitivity(family, int8_target, calibration, progress=progress)
             bar.update()
         kept = frozenset(measured["kept"]) if measured else frozenset()
         phase("trace")
@@ -188,9 +188,9 @@ def export_family(
                 eager = build_export_module(family, "fp32")  # the reference (exact's CPU numerics), beside one session
                 parity = smoke_parity(family, eager, engine)
                 check_smoke(parity, dtype)
-                if measured is not None:  # the int8 graph itself on the answers the choice protected (recorded, not gated)
-                    measured["calibration_parity"] = smoke_parity(family, eager, engine, requests=calibration.requests)
                 golden = golden_answers(family, eager)
+            if measured is not None and engine is not None:  # the int8 graph itself on the answers the choice protected (recorded, not gated)
+                measured["calibration_parity"] = graph_parity(family, engine, calibration.requests, calibration_answers)
             bar.update()
             context = ExportContext(
                 family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations, int8_kept=kept,
@@ -260,10 +260,13 @@ def _numerics(family: Family, dtype: str = "fp32") -> Numerics:
     return dataclasses.replace(numerics, parameter_dtype=DTYPES[dtype]) if dtype in ("fp16", "bf16") else numerics
 
 
-def measure_int8_sensitivity(family: Family, target: float, calibration: int8_sensitivity.Calibration | None = None, progress: bool = False) -> dict:
+def measure_int8_sensitivity(
+    family: Family, target: float, calibration: int8_sensitivity.Calibration | None = None, progress: bool = False
+) -> tuple[dict, list[list[float] | None]]:
     """The Linears this package keeps FP32 under int8, measured on the eager FP32 module (loaded for this only) on
-    `calibration` (default: the built-in requests). Refused, before loading anything, where the eager model and
-    its backward would not fit in free memory."""
+    `calibration` (default: the built-in requests), as the manifest records them, and the eager answers to the
+    calibration questions. Refused, before loading anything, where the eager model and its backward would not fit
+    in free memory."""
     parameters = int(family.card().get("parameters") or 0)
     needed, available = int8_sensitivity.CALIBRATION_BYTES_PER_PARAMETER * parameters, available_memory_bytes()
     if available is not None and needed > available:
@@ -277,8 +280,8 @@ def measure_int8_sensitivity(family: Family, target: float, calibration: int8_se
     sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress)
     del eager
     kept = int8_sensitivity.choose(sensitivity, target)
-    # calibration_parity: the finished int8 graph against eager on the same requests, filled in by the smoke phase
-    return {**int8_sensitivity.summary(sensitivity, kept, target), "calibration": calibration.source, "calibration_parity": None}
+    # calibration_parity: the finished int8 graph against these eager answers, filled in by the smoke phase
+    return {**int8_sensitivity.summary(sensitivity, kept, target), "calibration": calibration.source, "calibration_parity": None}, sensitivity.answers
 
 
 def build_export_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:

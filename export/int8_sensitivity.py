@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -95,6 +95,9 @@ class Sensitivity:
     macs: np.ndarray  # [linears] multiply-accumulates per token
     variance: np.ndarray  # [rows, linears] predicted variance of each row's margin from quantizing each Linear
     margins: np.ndarray  # [rows] |log p(top) - log p(runner-up)|
+    # every calibration question's eager answer (its probability per option), in the requests' order, near-ties
+    # included: the reference the finished graph is checked against without running the eager model again
+    answers: list[list[float] | None] = field(default_factory=list)
 
     def spread(self, kept: Iterable[str] = ()) -> np.ndarray:
         """Each row's predicted sigma / |margin| with the `kept` Linears FP32."""
@@ -132,6 +135,7 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
         layer.weight.requires_grad_(True)  # so every Linear's output is in the autograd graph; no weight gradient is asked for
     rows: list[np.ndarray] = []
     margins: list[float] = []
+    answers: list[list[float] | None] = []
     bar = tqdm(total=sum(len(questions) for _, questions in requests), desc="calibration questions", unit="question", leave=False, disable=not progress)
     try:
         for state, questions in requests:
@@ -142,7 +146,9 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
                 inputs = {name: torch.from_numpy(np.ascontiguousarray(batch.inputs[name])) for name in family.input_names}
                 with torch.enable_grad():
                     output = module(**inputs)[0]
-                    direction, margin = _margin_direction(family, batch.items[0], output.detach().float().numpy())
+                    row = output.detach().float().numpy()
+                    answers.append(answer_distribution(family.answer(batch.items[0], row.astype(np.float64))))
+                    direction, margin = _margin_direction(family, batch.items[0], row)
                     if direction is None:
                         continue
                     target = (output.float() * torch.from_numpy(direction)).sum()
@@ -160,7 +166,7 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
     if not rows:
         raise ValueError("int8 calibration: every calibration answer is a near-tie; no margin to protect")
     macs = np.array([linears[key].weight.numel() for key in names], dtype=np.float64)
-    return Sensitivity(names, macs, np.stack(rows), np.array(margins))
+    return Sensitivity(names, macs, np.stack(rows), np.array(margins), answers)
 
 
 def choose(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> list[str]:

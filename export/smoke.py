@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -64,32 +64,50 @@ def check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
         )
 
 
-def smoke_parity(
-    family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact", media: Any = None, requests: tuple[tuple[Any, dict], ...] = SMOKE_REQUESTS
-) -> dict:
-    """Eager module vs the graph on `requests` ((state, questions) pairs; default the smoke questions: one request
-    of every question type (a padded batch of rows, a JSON state) and one single-row request (a text state)): max
-    |dp| and decisions changed. Under shared_context both sides share the multi-question request's prefix; with
+def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact", media: Any = None) -> dict:
+    """Eager module vs the graph on the smoke questions: one request of every question type (a padded batch
+    of rows, a JSON state) and one single-row request (a text state): max |dp| and decisions changed. Under shared_context both sides share the multi-question request's prefix; with
     `media` (prepared images/videos) every request reads them."""
-    from vllm_sr_runtime.devices import parse_device
-    from vllm_sr_runtime.model import DecisionModel
-
-    eager = eager_model(family, module, profile)
-    graph = DecisionModel(family, engine, profile, parse_device("cpu"), "", shared_min_tokens=0)
-    worst, changed, beyond_ties, count = 0.0, 0, 0, 0
-    for state, questions in requests:
+    eager, graph = eager_model(family, module, profile), graph_model(family, engine, profile)
+    pairs = []
+    for state, questions in SMOKE_REQUESTS:
         if media is None:
             left, right = eager.ask(state, questions), graph.ask(state, questions)
         else:
             left, right = (model.execute(family.plan(state, questions, media=media)).answers for model in (eager, graph))
-        for key, answer in left.items():
-            count += 1
-            a, b = answer_distribution(answer), answer_distribution(right[key])
-            worst = max(worst, float(np.max(np.abs(np.array(a) - np.array(b)))))
-            flipped = int(np.argmax(a) != np.argmax(b))
-            changed += flipped
-            beyond_ties += flipped and top_margin(a) >= NEAR_TIE_MARGIN
+        pairs += [(answer_distribution(answer), answer_distribution(right[key])) for key, answer in left.items()]
+    return compare_answers(pairs)
+
+
+def graph_parity(family: Family, engine: Any, requests: tuple[tuple[Any, dict], ...], reference: list[list[float] | None]) -> dict:
+    """The graph vs answers the eager model already gave (`reference`: one per question, in the requests' order),
+    without running the eager model again."""
+    graph = graph_model(family, engine)
+    answers = [answer_distribution(answer) for state, questions in requests for answer in graph.ask(state, questions).values()]
+    if len(answers) != len(reference):
+        raise ValueError(f"{len(reference)} reference answers for {len(answers)} questions")
+    return compare_answers(zip(reference, answers))
+
+
+def compare_answers(pairs: Iterable[tuple[list[float], list[float]]]) -> dict:
+    """(reference, candidate) probability lists per question: the largest |dp|, decisions changed, and those
+    changed where the reference chose by more than a near-tie."""
+    worst, changed, beyond_ties, count = 0.0, 0, 0, 0
+    for a, b in pairs:
+        count += 1
+        worst = max(worst, float(np.max(np.abs(np.array(a) - np.array(b)))))
+        flipped = int(np.argmax(a) != np.argmax(b))
+        changed += flipped
+        beyond_ties += flipped and top_margin(a) >= NEAR_TIE_MARGIN
     return {"questions": count, "max_abs_diff": worst, "decisions_changed": changed, "decisions_changed_beyond_near_ties": beyond_ties}
+
+
+def graph_model(family: Family, engine: Any, profile: str = "exact"):
+    """The fresh graph's engine as a model that answers requests on CPU."""
+    from vllm_sr_runtime.devices import parse_device
+    from vllm_sr_runtime.model import DecisionModel
+
+    return DecisionModel(family, engine, profile, parse_device("cpu"), "", shared_min_tokens=0)
 
 
 def eager_model(family: Family, module: torch.nn.Module, profile: str = "exact"):

@@ -116,24 +116,25 @@ def test_choice_keeps_the_most_harmful_linears_until_every_row_meets_the_target(
 
 def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_path):
     """The measured choice reaches the graph: each kept weight's MatMul stays FP32 (one int8 MatMul fewer than the
-    fixed rule's graph per kept weight), the manifest records the choice, the smoke parity ran, and the CLI
-    flags select the rule and the target."""
+    fixed rule's graph per kept weight), the manifest records the choice and the graph's answers to the calibration
+    questions, and the CLI flags select the rule and the target."""
     rule = export_package(packages["d3"], tmp_path / "rule", dtype="int8", progress=False, smoke="off", int8_fp32="rule")
     assert rule["int8"]["fp32_choice"] == "rule" and rule["int8"]["measured"] is None
     result = subprocess.run(
         [sys.executable, "-m", "vllm_sr_runtime.cli", "export", str(packages["d3"]), "--out", str(tmp_path / "measured"),
-         "--dtype", "int8", "--int8-target", "0.5", "--smoke", "on", "--quiet"],
+         "--dtype", "int8", "--int8-target", "0.5", "--smoke", "off", "--quiet"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = json.loads((tmp_path / "measured" / "artifact.json").read_text())
     measured = manifest["int8"]["measured"]
-    assert manifest["int8"]["fp32_choice"] == "measured" and measured["target"] == 0.5 and manifest["smoke"]["ran"]
+    assert manifest["int8"]["fp32_choice"] == "measured" and measured["target"] == 0.5 and not manifest["smoke"]["ran"]
     assert measured["kept"] and measured["predicted_spread_chosen"] <= 0.5 < measured["predicted_spread_all_int8"]
     assert f"{len(measured['kept'])} MatMuls" in result.stdout and "--int8-calibration FILE.jsonl" in result.stdout
     mostly_fp32 = measured["kept_share_of_quantizable_macs"] >= int8_options.MOSTLY_FP32_SHARE
     assert ("runs not far from --dtype fp32's speed" in result.stdout) == mostly_fp32
-    # the smoke phase ran the finished graph on the calibration questions: what the served artifact answers there
+    # without the smoke parity (no second eager model), the finished graph ran on the calibration questions against
+    # the eager answers the calibration computed: what the served artifact answers there
     exact = vllm_sr_runtime.load(packages["d3"])
     served = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=tmp_path / "measured")
     worst, changed = 0.0, 0
@@ -214,14 +215,16 @@ def test_a_calibration_file_is_what_the_measurement_runs_on(packages, models, tm
     assert calibration.source == {"file": {"name": "traffic.jsonl", "sha256": __import__("hashlib").sha256(path.read_bytes()).hexdigest()}, "requests": 2, "questions": 3}
     int8_sensitivity.check_calibration(family, calibration)
 
-    measured = measure_int8_sensitivity(family, 0.5, calibration)
+    measured, answers = measure_int8_sensitivity(family, 0.5, calibration)
+    exact_answers = [answer_distribution(answer) for request in requests for answer in _answers_of(models("d3"), request)]
+    assert len(answers) == 3 and all(np.allclose(a, b, atol=1e-5) for a, b in zip(exact_answers, answers))  # near-ties included
     near_ties = 0
     for request in requests:
         for answer in _answers_of(models("d3"), request):
             ordered = sorted(answer_distribution(answer), reverse=True)
             near_ties += ordered[0] - ordered[1] < int8_sensitivity.NEAR_TIE_MARGIN
     assert measured["rows"] == 3 - near_ties > 0 and measured["calibration"] == calibration.source
-    assert measure_int8_sensitivity(family, 0.5)["calibration"] == {"file": None, "requests": 8, "questions": 30}
+    assert measure_int8_sensitivity(family, 0.5)[0]["calibration"] == {"file": None, "requests": 8, "questions": 30}
 
     bad = _write_requests(tmp_path / "bad.jsonl", [{"state": "x", "questions": {"q": {"type": "choice", "criteria": {}}}}])
     with pytest.raises(ValueError, match="calibration request 1"):

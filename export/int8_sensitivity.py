@@ -37,8 +37,9 @@ from vllm_sr_runtime.families.base import Family
 from vllm_sr_runtime.request_files import load_jsonl
 
 # Peak memory of the measurement per model parameter: the FP32 weights (4 bytes) and the backward's saved
-# activations of the eager module, whose transformers Gated DeltaNet fallback keeps many (d3-lite, 0.75B parameters:
-# 12.6 GB over the process's start, 16.8 bytes per parameter; rounded up so the refusal errs on the safe side).
+# activations of the eager module, whose transformers Gated DeltaNet fallback keeps many; it grows with the longest
+# calibration prompt (d3-lite, 0.75B parameters: 8.9 GiB, 12 bytes per parameter, with the built-in requests; 16.8
+# with a 12-turn conversation among them), so the refusal errs on the safe side for a user's file of longer prompts.
 CALIBRATION_BYTES_PER_PARAMETER = 18
 FINITE_DIFFERENCE_STEP = 1e-4  # relative to the output entry (a probability or a logit)
 # The built-in calibration: 30 short questions of every type (text and JSON states, choices of 2-12 options, scores,
@@ -121,7 +122,7 @@ def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ..
 def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False) -> Sensitivity:
     """First-order int8 sensitivity of every quantizable Linear of the eager FP32 `module`, on every answer row
     of `requests` ((state, questions) pairs) that is not a near-tie; `progress`: a bar over the questions (each
-    costs one forward and one backward pass: ~20 s at 0.75B parameters on 2 cores)."""
+    costs one forward and one backward pass: ~12 s at 0.75B parameters on 2 cores)."""
     linears = quantizable_linears(module, family.export_spec.quantized_towers)
     if not linears:
         raise ValueError(f"{family.model_name} has no Linear that int8 quantizes")

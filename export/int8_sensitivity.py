@@ -147,9 +147,9 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
                 inputs = {name: torch.from_numpy(np.ascontiguousarray(batch.inputs[name])) for name in family.input_names}
                 with torch.enable_grad():
                     output = module(**inputs)[0]
-                    row = output.detach().float().numpy()
-                    answers.append(answer_distribution(family.answer(batch.items[0], row.astype(np.float64))))
-                    direction, margin = _margin_direction(family, batch.items[0], row)
+                    row = output.detach().float().numpy().astype(np.float64)
+                    answers.append(answer_distribution(family.answer(batch.items[0], row)))
+                    direction, margin = _margin_direction(family, batch.items[0], row, answers[-1])
                     if direction is None:
                         continue
                     target = (output.float() * torch.from_numpy(direction)).sum()
@@ -218,11 +218,10 @@ def _variance(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor) -> float:
     return float(change) ** 2
 
 
-def _margin_direction(family: Family, item: Any, row: np.ndarray) -> tuple[np.ndarray | None, float]:
-    """The gradient of the answer's log-margin (top vs runner-up) over the output row, by central differences of
-    the family's answer math, and the margin; (None, 0) for near-ties and single-option rows."""
-    row = row.astype(np.float64)
-    reference = answer_distribution(family.answer(item, row))
+def _margin_direction(family: Family, item: Any, row: np.ndarray, reference: list[float] | None) -> tuple[np.ndarray | None, float]:
+    """The gradient of the answer's log-margin (top vs runner-up) over the output row (float64), by central
+    differences of the family's answer math, and the margin; `reference` is the row's answer distribution. (None, 0)
+    for near-ties and single-option rows."""
     if reference is None or len(reference) < 2:
         return None, 0.0
     order = np.argsort(reference)[::-1]

@@ -66,9 +66,10 @@ def check_smoke(smoke: dict, dtype: str, what: str = "smoke parity") -> None:
 
 def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: str = "exact", media: Any = None) -> dict:
     """Eager module vs the graph on the smoke questions: one request of every question type (a padded batch
-    of rows, a JSON state) and one single-row request (a text state): max |dp| and decisions changed. Under shared_context both sides share the multi-question request's prefix; with
-    `media` (prepared images/videos) every request reads them."""
-    eager, graph = eager_model(family, module, profile), graph_model(family, engine, profile)
+    of rows, a JSON state) and one single-row request (a text state): max |dp| and decisions changed. Under
+    shared_context both sides share the multi-question request's prefix; with `media` (prepared
+    images/videos) every request reads them."""
+    eager, graph = eager_model(family, module, profile), cpu_model(family, engine, profile)
     pairs = []
     for state, questions in SMOKE_REQUESTS:
         if media is None:
@@ -82,7 +83,7 @@ def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: 
 def graph_parity(family: Family, engine: Any, requests: tuple[tuple[Any, dict], ...], reference: list[list[float] | None]) -> dict:
     """The graph vs answers the eager model already gave (`reference`: one per question, in the requests' order),
     without running the eager model again."""
-    graph = graph_model(family, engine)
+    graph = cpu_model(family, engine)
     answers = [answer_distribution(answer) for state, questions in requests for answer in graph.ask(state, questions).values()]
     if len(answers) != len(reference):
         raise ValueError(f"{len(reference)} reference answers for {len(answers)} questions")
@@ -102,8 +103,8 @@ def compare_answers(pairs: Iterable[tuple[list[float], list[float]]]) -> dict:
     return {"questions": count, "max_abs_diff": worst, "decisions_changed": changed, "decisions_changed_beyond_near_ties": beyond_ties}
 
 
-def graph_model(family: Family, engine: Any, profile: str = "exact"):
-    """The fresh graph's engine as a model that answers requests on CPU."""
+def cpu_model(family: Family, engine: Any, profile: str = "exact"):
+    """An engine (the fresh graph's session, or the eager module's) as a model that answers requests on CPU."""
     from vllm_sr_runtime.devices import parse_device
     from vllm_sr_runtime.model import DecisionModel
 
@@ -114,11 +115,9 @@ def eager_model(family: Family, module: torch.nn.Module, profile: str = "exact")
     """The eager FP32 module as a model that answers requests on CPU (the smoke parity's and golden answers' reference)."""
     from vllm_sr_runtime.devices import parse_device
     from vllm_sr_runtime.engines.torch import TorchEngine
-    from vllm_sr_runtime.model import DecisionModel
 
-    cpu = parse_device("cpu")
-    engine = TorchEngine(module, cpu.torch_device, family.input_names, family.shared_input_names, family.media_modalities if family.reads_media else ())
-    return DecisionModel(family, engine, profile, cpu, "", shared_min_tokens=0)
+    engine = TorchEngine(module, parse_device("cpu").torch_device, family.input_names, family.shared_input_names, family.media_modalities if family.reads_media else ())
+    return cpu_model(family, engine, profile)
 
 
 def golden_answers(family: Family, module: torch.nn.Module) -> dict:

@@ -1,9 +1,11 @@
 """`vllm-sr-runtime selftest`: one command that validates a host end to end.
 
 Devices found; `exact` vs `max_speed` parity for each artifact dtype the device runs, on tiny fixtures of
-every family (and, on a GPU, a real-dimension Decision 3.0 nano fixture), each gated; forward latency of
-both profiles at a few prompt lengths; requests/s at a few client counts against a real `serve`. Writes
-selftest.json; a failed gate makes the command exit non-zero.
+every family (and, on a GPU, a real-dimension Decision 3.0 nano fixture), each gated; on a GPU also the
+device's own `exact` numerics (BF16) against FP32 `exact` on the CPU; forward latency of both profiles at a
+few prompt lengths; requests/s at a few client counts against a real `serve` (of the fastest artifact, or of
+`exact` where the host's ONNX Runtime lacks the device's provider). Writes selftest.json; a failed gate makes
+the command exit non-zero.
 """
 
 from __future__ import annotations
@@ -101,14 +103,28 @@ def _parity(exact: Any, fast: Any, questions: int) -> dict:
     }  # fmt: skip
 
 
-def _serve_rps(package: Path, artifact: Path, device: str, clients: list[int], seconds: float, base_path: Path | None) -> list[dict]:
-    """Requests/s of a real `serve` (gunicorn, Unix socket) of the package's max_speed artifact."""
+def provider_missing(device_kind: str) -> str | None:
+    """Why this host's ONNX Runtime cannot run `max_speed` on the device (None: its provider is installed)."""
+    import onnxruntime as ort
+
+    from vllm_sr_runtime.engines.onnxruntime.providers import select_provider
+    from vllm_sr_runtime.errors import UnsupportedDeviceError
+
+    try:
+        select_provider(device_kind, ort.get_available_providers())
+    except UnsupportedDeviceError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, clients: list[int], seconds: float, base_path: Path | None) -> list[dict]:
+    """Requests/s of a real `serve` (gunicorn, Unix socket) of the package under a profile."""
     from vllm_sr_runtime.bench.http_load import UnixConnection, run_http
 
     folder = Path(tempfile.mkdtemp(prefix="vsr-selftest-"))
     os.chmod(folder, 0o700)
     uds = str(folder / "serve.sock")
-    command = [sys.executable, "-m", "vllm_sr_runtime.cli", "serve", str(package), "--profile", "max_speed", "--artifact", str(artifact)]
+    command = [sys.executable, "-m", "vllm_sr_runtime.cli", "serve", str(package), "--profile", profile] + (["--artifact", str(artifact)] if artifact else [])
     command += ["--device", device, "--uds", uds, "--log-level", "warning"] + (["--base-path", str(base_path)] if base_path else [])
     log = open(folder / "serve.log", "wb")
     process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
@@ -154,41 +170,55 @@ def run_selftest(options: SelftestOptions) -> dict:
         if options.progress:
             print(f"[selftest {time.time() - started:6.0f} s] {message}", file=sys.stderr, flush=True)
 
+    missing = provider_missing(device.kind)
     main: tuple | None = None
     for name, spec in chosen.items():
         package, base = _fixture(name, spec, out / "fixtures")
         common = {"device": device.name, "base_path": base}
         exact = vllm_sr_runtime.load(package, profile="exact", **common)
+        if device.kind != "cpu":
+            # The device's own numerics (a GPU runs BF16) against the FP32 reference on the CPU.
+            reference = vllm_sr_runtime.load(package, profile="exact", device="cpu", base_path=base)
+            row = {"fixture": name, "profile": "exact", "dtype": exact.dtype, "against": "exact on cpu", **_parity(reference, exact, options.questions)}
+            report["parity"].append(row)
+            log(f"{name} exact {exact.dtype} vs cpu: " + ("ok" if not row["failed"] else "; ".join(row["failed"])))
+            del reference
         fast_models = {}
         for dtype in dtypes:
+            row = {"fixture": name, "profile": "max_speed", "dtype": dtype, "against": "exact"}
+            if missing:  # nothing to export for a provider this host lacks
+                report["parity"].append(row | {"failed": [missing]})
+                continue
             artifact = out / "artifacts" / f"{name}-{variant}-{dtype}"
             log(f"{name}: export {variant}/{dtype}")
             try:
                 export_package(package, artifact, variant=variant, dtype=dtype, base_path=base, progress=False, smoke="off")
                 fast = vllm_sr_runtime.load(package, profile="max_speed", artifact=artifact, **common)
-                row = {"fixture": name, "dtype": dtype, **_parity(exact, fast, options.questions)}
+                row |= _parity(exact, fast, options.questions)
                 fast_models[dtype] = (fast, artifact)
             except Exception as exc:  # one dtype that cannot export or load fails its row, not the run
-                row = {"fixture": name, "dtype": dtype, "failed": [f"{type(exc).__name__}: {exc}"]}
+                row["failed"] = [f"{type(exc).__name__}: {exc}"]
             report["parity"].append(row)
             log(f"{name} {dtype}: " + ("ok" if not row["failed"] else "; ".join(row["failed"])))
         main = (name, package, base, exact, fast_models)  # the last fixture (the largest) is measured below
-    if main and main[4]:
+    if main:
         name, package, base, exact, fast_models = main
-        best = next(dtype for dtype in SERVE_PREFERENCE[device.kind] if dtype in fast_models)
+        best = next((dtype for dtype in SERVE_PREFERENCE[device.kind] if dtype in fast_models), None)
         models = {"exact": exact} | {f"max_speed-{dtype}": model for dtype, (model, _) in fast_models.items()}
         log(f"{name}: forward latency at {options.lengths} tokens")
         report["latency"] = [
             {k: row[k] for k in ("profile", "length", "target_length", "median_ms", "p90_ms", "ratio_to_exact")}
             for row in run_forward(models, options.lengths, [1], options.repeats, 1.0, lambda: None)
         ]
-        log(f"{name}: serve max_speed-{best}, {options.clients} clients")
+        # The fastest artifact that passed its export; with none (no provider), the device's eager profile.
+        served = ("max_speed", best, fast_models[best][1]) if best else ("exact", exact.dtype, None)
+        log(f"{name}: serve {served[0]} ({served[1]}), {options.clients} clients")
         report["http"] = [
-            {"dtype": best, "clients": row["concurrency"], "rps": row["rps"], "median_ms": row["median_ms"], "p99_ms": row["p99_ms"], "statuses": row["statuses"]}
-            for row in _serve_rps(package, fast_models[best][1], device.name, options.clients, options.http_seconds, base)
+            {"profile": served[0], "dtype": served[1], "clients": row["concurrency"], "rps": row["rps"], "median_ms": row["median_ms"], "p99_ms": row["p99_ms"], "statuses": row["statuses"]}
+            for row in _serve_rps(package, served[0], served[2], device.name, options.clients, options.http_seconds, base)
         ]
         report["http_fixture"] = report["latency_fixture"] = name
-    report["failed"] = [f"{row['fixture']} {row['dtype']}: {failure}" for row in report["parity"] for failure in row["failed"]]
+    report["failed"] = [f"{row['fixture']} {row['profile']} {row['dtype']}: {failure}" for row in report["parity"] for failure in row["failed"]]
     report["seconds"] = round(time.time() - started, 1)
     (out / "selftest.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -198,19 +228,20 @@ def print_report(report: dict) -> None:
     found = report["devices"]
     gpus = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in found["gpus"]) or "none"
     print(f"devices: GPUs {gpus}; ORT providers {', '.join(found['ort_providers'])}; auto -> {found['auto']}; ran on {report['device']} ({report['variant']})")
-    print(f"{'check':34} {'dtype':6} {'result':>48}")
+    print(f"{'check':44} {'dtype':18} {'result':>42}")
     for row in report["parity"]:
         if "max_abs_diff" in row:
             result = f"{row['decisions_changed']}/{row['questions']} changed, max |dp| {row['max_abs_diff']:.2e}"
         else:
             result = "did not run"
         status = "FAIL" if row["failed"] else "ok"
-        print(f"{'parity ' + row['fixture']:34} {row['dtype']:6} {result:>43} {status:>4}")
+        check = f"parity {row['fixture']} {row['profile']} vs {row['against']}"
+        print(f"{check:44} {row['dtype']:18} {result:>37} {status:>4}")
     for row in report["latency"]:
         ratio = f"  x{row['ratio_to_exact']:.2f} vs exact" if row["ratio_to_exact"] and row["profile"] != "exact" else ""
-        print(f"{'forward ' + row['profile'] + ' @' + str(row['length']) + ' tok':34} {'':6} {row['median_ms']:>40.1f} ms{ratio}")
+        print(f"{'forward ' + row['profile'] + ' @' + str(row['length']) + ' tok':44} {'':18} {row['median_ms']:>34.1f} ms{ratio}")
     for row in report["http"]:
-        print(f"{'serve ' + str(row['clients']) + ' clients':34} {row['dtype']:6} {row['rps']:>38.1f} req/s")
+        print(f"{'serve ' + row['profile'] + ', ' + str(row['clients']) + ' clients':44} {row['dtype']:18} {row['rps']:>32.1f} req/s")
     for failure in report["failed"]:
         print(f"FAILED {failure}", file=sys.stderr)
     print(f"selftest: {'FAILED' if report['failed'] else 'passed'} in {report['seconds']:.0f} s")

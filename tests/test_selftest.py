@@ -6,13 +6,23 @@ import json
 import subprocess
 import sys
 
-from vllm_sr_runtime.parity.selftest import gate_for
+import onnxruntime as ort
+import pytest
+
+from vllm_sr_runtime.parity.selftest import gate_for, provider_missing
 
 
 def test_gates_per_dtype():
     assert gate_for("fp32") == {"max_abs_diff": 1e-4, "max_changed_rate": 0.0}
     for dtype in ("fp16", "bf16", "int8"):
         assert gate_for(dtype) == {"max_abs_diff": None, "max_changed_rate": 0.01}
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="this onnxruntime has the CUDA provider")
+def test_a_device_whose_provider_this_onnxruntime_lacks_is_named_with_the_package_to_install():
+    assert provider_missing("cpu") is None
+    why = provider_missing("cuda")
+    assert why.startswith("UnsupportedDeviceError") and "CUDAExecutionProvider" in why and "onnxruntime-gpu" in why
 
 
 def test_selftest_on_cpu_reports_every_check_and_fails_on_a_dtype_the_device_cannot_run(tmp_path):
@@ -26,13 +36,14 @@ def test_selftest_on_cpu_reports_every_check_and_fails_on_a_dtype_the_device_can
     assert done.returncode == 1, done.stderr[-3000:]  # bf16 has no CPU kernels: that row fails, so the run does
     report = json.loads((out / "selftest.json").read_text())
     assert report["device"] == "cpu" and report["variant"] == "contrib" and "CPUExecutionProvider" in report["devices"]["ort_providers"]
-    fp32, bf16 = report["parity"]
+    fp32, bf16 = report["parity"]  # on the CPU, exact is the reference itself: no device-vs-cpu row
+    assert {fp32["profile"], bf16["profile"]} == {"max_speed"} and fp32["against"] == "exact"
     assert fp32["fixture"] == "d3" and fp32["dtype"] == "fp32" and fp32["questions"] == 12 and fp32["failed"] == []
     assert fp32["decisions_changed"] == 0 and fp32["max_abs_diff"] <= 1e-4
     assert bf16["dtype"] == "bf16" and "CPUExecutionProvider" in bf16["failed"][0]
-    assert report["failed"] and report["failed"][0].startswith("d3 bf16")
+    assert report["failed"] and report["failed"][0].startswith("d3 max_speed bf16")
     assert {row["profile"] for row in report["latency"]} == {"exact", "max_speed-fp32"}
     assert all(row["median_ms"] > 0 for row in report["latency"])
     assert [row["clients"] for row in report["http"]] == [1, 4]
-    assert all(row["dtype"] == "fp32" and row["rps"] > 0 and set(row["statuses"]) == {"200"} for row in report["http"])
-    assert "parity d3" in done.stdout and "selftest: FAILED" in done.stdout
+    assert all(row["profile"] == "max_speed" and row["dtype"] == "fp32" and row["rps"] > 0 and set(row["statuses"]) == {"200"} for row in report["http"])
+    assert "parity d3 max_speed vs exact" in done.stdout and "selftest: FAILED" in done.stdout

@@ -124,4 +124,4 @@ def golden_answers(family: Family, module: torch.nn.Module) -> dict:
     """The golden suite's exact answers, recorded in artifact.json and replayed while a server warms the artifact."""
     from vllm_sr_runtime.golden import record_golden
 
-    return record_golden(eager_model(family, module).ask)
+    return record_golden(eager_model(family, module).ask, "fp32")  # the exporter's reference is the FP32 module

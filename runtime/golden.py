@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from vllm_sr_runtime.errors import VerificationError
-from vllm_sr_runtime.families.answers import answer_distribution
+from vllm_sr_runtime.families.answers import answer_distribution, top_margin
 from vllm_sr_runtime.packages.files import GOLDEN_FILE, sha256_file
 
 GOLDEN_SUITE = "golden-v1"
@@ -34,19 +34,32 @@ GOLDEN_REQUESTS: tuple[tuple[Any, dict], ...] = (
         {"tone": {"type": "choice", "criteria": {"serious": None, "playful": "light-hearted", "hostile": None, "neutral": None}}},
     ),
 )
-# Largest |dp| a replay may differ from the recorded exact answers: fp32 on CPU follows exact closely; a GPU's
-# kernels (TF32 off, other reduction orders) and reduced precisions are held to the looser bound; no decision
-# may change either way.
+# Largest |dp| a replay may differ from the recorded exact answers. In the numerics the record was made in: fp32
+# on CPU follows exact closely; a GPU's kernels (TF32 off, other reduction orders) are held to the looser bound.
 GOLDEN_TOLERANCE = {"cpu": 1e-3, "gpu": 2e-2}
+# A record made in other numerics than the replay's (the FP32 answers `fixture` and `export` record on a CPU,
+# replayed by a GPU's BF16 `exact` or an int8 artifact) can only catch a gross error: on an H200, BF16 `exact`
+# moved the golden answers of tiny synthetic packages by up to 0.251 (Decision 2.0 Qwen3.5: its close calls;
+# Decision 3.0 0.049, Decision 2.0 Qwen3 0.035), CPU-emulated BF16 by up to 0.18 over eight packages, flipping
+# decisions whose recorded margin was up to 0.18. fp16 keeps 10 mantissa bits and is held to the GPU bound.
+CROSS_NUMERICS_TOLERANCE = 0.35
+RECORD_NUMERICS = "fp32"  # what a record without a "numerics" field was made in (every writer's, before it said)
 
 
-def golden_tolerance(device_kind: str, dtype: str) -> float:
-    return GOLDEN_TOLERANCE["cpu"] if device_kind == "cpu" and dtype in ("fp32", "") else GOLDEN_TOLERANCE["gpu"]
+def golden_tolerance(device_kind: str, running: str, recorded: str = RECORD_NUMERICS) -> float:
+    """The |dp| bound for a replay in `running` numerics (a model's dtype label) of a record made in `recorded`."""
+    if running == recorded:
+        return GOLDEN_TOLERANCE["cpu"] if device_kind == "cpu" else GOLDEN_TOLERANCE["gpu"]
+    if running in ("fp32", "fp16"):
+        return GOLDEN_TOLERANCE["gpu"]
+    return CROSS_NUMERICS_TOLERANCE
 
 
-def record_golden(ask: Callable[[Any, dict], dict]) -> dict:
-    """The suite's answers from `ask(state, questions)` (an exact model), as artifact.json and packages keep them."""
-    return {"suite": GOLDEN_SUITE, "profile": "exact", "answers": [ask(state, questions) for state, questions in GOLDEN_REQUESTS]}
+def record_golden(ask: Callable[[Any, dict], dict], numerics: str) -> dict:
+    """The suite's answers from `ask(state, questions)` (an exact model in `numerics`, its dtype label), as
+    artifact.json and packages keep them."""
+    answers = [ask(state, questions) for state, questions in GOLDEN_REQUESTS]
+    return {"suite": GOLDEN_SUITE, "profile": "exact", "numerics": numerics, "answers": answers}
 
 
 @dataclass(frozen=True)
@@ -54,8 +67,9 @@ class GoldenCheck:
     source: str  # "artifact" or "package"
     questions: int
     max_abs_diff: float
-    decisions_changed: int
+    decisions_changed: int  # beyond near-ties: where the recorded margin was at least the tolerance
     tolerance: float
+    numerics: str = ""  # "<recorded> record, <running> replay"
 
     @property
     def passed(self) -> bool:
@@ -64,12 +78,16 @@ class GoldenCheck:
     def as_dict(self) -> dict:
         return {
             "source": self.source, "questions": self.questions, "max_abs_diff": self.max_abs_diff,
-            "decisions_changed": self.decisions_changed, "tolerance": self.tolerance, "passed": self.passed,
+            "decisions_changed": self.decisions_changed, "tolerance": self.tolerance, "numerics": self.numerics, "passed": self.passed,
         }  # fmt: skip
 
 
-def replay_golden(recorded: dict, ask: Callable[[Any, dict], dict], source: str, tolerance: float) -> GoldenCheck:
-    """Ask the suite again and compare with `recorded` answer by answer."""
+def replay_golden(recorded: dict, ask: Callable[[Any, dict], dict], source: str, device_kind: str, running: str) -> GoldenCheck:
+    """Ask the suite again and compare with `recorded` answer by answer, within the tolerance for a replay in
+    `running` numerics on `device_kind` of a record made in the record's numerics. A decision that changes
+    where the record's own top-two margin is below that tolerance is a near-tie the allowed |dp| can close."""
+    made_in = recorded.get("numerics", RECORD_NUMERICS)
+    tolerance = golden_tolerance(device_kind, running, made_in)
     if recorded.get("suite") != GOLDEN_SUITE or len(recorded.get("answers", ())) != len(GOLDEN_REQUESTS):
         raise VerificationError(f"{source} golden answers are of suite {recorded.get('suite')!r}; this runtime replays {GOLDEN_SUITE}")
     worst, changed, count = 0.0, 0, 0
@@ -85,8 +103,8 @@ def replay_golden(recorded: dict, ask: Callable[[Any, dict], dict], source: str,
                 answer = {**answer, "probabilities": {option: answer["probabilities"][option] for option in now["probabilities"]}}
             a, b = np.array(answer_distribution(answer)), np.array(answer_distribution(now))
             worst = max(worst, float(np.max(np.abs(a - b))))
-            changed += int(np.argmax(a) != np.argmax(b))
-    return GoldenCheck(source, count, worst, changed, tolerance)
+            changed += int(np.argmax(a) != np.argmax(b) and top_margin(a) >= tolerance)
+    return GoldenCheck(source, count, worst, changed, tolerance, f"{made_in} record, {running} replay")
 
 
 def package_golden(root: Path, model_sha256: str, pinned_sha256: str | None = None) -> dict | None:
@@ -118,8 +136,7 @@ def verify_golden(model) -> dict:
         return {"status": "unverified", "reason": "neither the package nor the artifact carries golden answers"}
     if model.approximate_by_design:
         return {"status": "skipped", "reason": "shared_context is approximate for this model: it is not held to exact's answers"}
-    tolerance = golden_tolerance(model.device.kind, model.dtype)
-    checks = [replay_golden(recorded, model.ask, source, tolerance) for source, recorded in records]
+    checks = [replay_golden(recorded, model.ask, source, model.device.kind, model.dtype) for source, recorded in records]
     for check in checks:
         if not check.passed:
             raise VerificationError(
@@ -130,8 +147,8 @@ def verify_golden(model) -> dict:
     return {"status": "verified", "checks": [check.as_dict() for check in checks]}
 
 
-def write_package_golden(root: Path, ask: Callable[[Any, dict], dict], model_sha256: str) -> Path:
+def write_package_golden(root: Path, ask: Callable[[Any, dict], dict], numerics: str, model_sha256: str) -> Path:
     """Record the suite's exact answers beside a package (`fixture` does, for every package it writes)."""
     path = Path(root) / GOLDEN_FILE
-    path.write_text(json.dumps({**record_golden(ask), "model_sha256": model_sha256}, indent=1, sort_keys=True) + "\n")
+    path.write_text(json.dumps({**record_golden(ask, numerics), "model_sha256": model_sha256}, indent=1, sort_keys=True) + "\n")
     return path

@@ -152,3 +152,29 @@ def test_batch_composition_does_not_change_answers(models, name):
         assert abs(together["target"]["probabilities"][key] - p) <= 1e-6
     last = model.ask(state, dict(reversed(list(QUESTIONS.items()))))["target"]
     assert np.allclose(list(last["probabilities"].values()), list(alone["probabilities"].values()), atol=1e-6, rtol=0)
+
+
+def test_the_gated_delta_rule_runs_in_fp32_under_a_bf16_autocast():
+    """Decision 2.0's GPU policy is a BF16 autocast; the recurrence inside must not fall back to BF16 matmuls."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    from vllm_sr_runtime.families.backbones import GATED_DELTA_RULES, keep_gated_delta_rule_fp32
+
+    keep_gated_delta_rule_fp32()
+    keep_gated_delta_rule_fp32()  # idempotent: wrapped once
+    generator = torch.Generator().manual_seed(3)
+    batch, length, heads, dim = 1, 96, 2, 16
+    query, key, value = (torch.randn(batch, length, heads, dim, generator=generator).bfloat16() for _ in range(3))
+    g = -torch.rand(batch, length, heads, generator=generator) * 0.3
+    beta = torch.rand(batch, length, heads, generator=generator).bfloat16()
+    for name in GATED_DELTA_RULES[:1]:  # the prefill rule (the recurrent one only runs with a cache, one token)
+        rule = getattr(modeling_qwen3_5, name)
+        stock = rule.__wrapped__
+        assert not hasattr(stock, "vsr_outside_autocast")
+        kwargs = {"initial_state": None, "output_final_state": False, "use_qk_l2norm_in_kernel": True}
+        fp32, _ = stock(query, key, value, g=g, beta=beta, **kwargs)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ours, _ = rule(query, key, value, g=g, beta=beta, **kwargs)
+            stock_autocast, _ = stock(query, key, value, g=g, beta=beta, **kwargs)
+        assert torch.equal(ours, fp32)
+        assert not torch.equal(stock_autocast, fp32)  # what it guards against: BF16 matmuls inside the rule

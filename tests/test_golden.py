@@ -12,7 +12,7 @@ import vllm_sr_runtime
 from vllm_sr_runtime.export.exporter import export_package
 from vllm_sr_runtime.errors import VerificationError
 from vllm_sr_runtime.synthetic.writer import write_synthetic_package
-from vllm_sr_runtime.golden import GOLDEN_REQUESTS, GOLDEN_SUITE, verify_golden
+from vllm_sr_runtime.golden import CROSS_NUMERICS_TOLERANCE, GOLDEN_REQUESTS, GOLDEN_SUITE, GOLDEN_TOLERANCE, golden_tolerance, replay_golden, verify_golden
 from vllm_sr_runtime.packages.files import GOLDEN_FILE
 from server_harness import Server
 
@@ -39,14 +39,14 @@ def test_fixture_and_export_record_the_exact_answers_and_a_load_replays_both(gol
     package, artifact = golden_package
     exact = vllm_sr_runtime.load(package)
     recorded = json.loads((package / GOLDEN_FILE).read_text())
-    assert recorded["suite"] == GOLDEN_SUITE and recorded["model_sha256"] == exact.family.package.model_sha256
+    assert recorded["suite"] == GOLDEN_SUITE and recorded["model_sha256"] == exact.family.package.model_sha256 and recorded["numerics"] == "fp32"
     assert recorded["answers"] == [exact.ask(state, questions) for state, questions in GOLDEN_REQUESTS]
     checked = verify_golden(exact)
     assert checked["status"] == "verified" and [c["source"] for c in checked["checks"]] == ["package"]
     assert checked["checks"][0]["max_abs_diff"] <= 1e-6 and checked["checks"][0]["tolerance"] == 1e-3
 
     manifest = json.loads((artifact / "artifact.json").read_text())
-    assert manifest["golden"]["suite"] == GOLDEN_SUITE and len(manifest["golden"]["answers"]) == len(GOLDEN_REQUESTS)
+    assert manifest["golden"]["suite"] == GOLDEN_SUITE and manifest["golden"]["numerics"] == "fp32" and len(manifest["golden"]["answers"]) == len(GOLDEN_REQUESTS)
     fast = vllm_sr_runtime.load(package, profile="max_speed", artifact=artifact)
     checked = verify_golden(fast)
     assert checked["status"] == "verified" and {c["source"] for c in checked["checks"]} == {"artifact", "package"}
@@ -97,3 +97,33 @@ def test_altered_artifact_golden_fails_that_model_while_the_other_serves(golden_
         assert refused.status == 503 and "golden" in refused.json()["error"]["message"]
     finally:
         server.stop()
+
+
+def _noul_answers(p: float) -> list[dict]:
+    return [{key: {"type": "noul", "noul": p} for key in questions} for _, questions in GOLDEN_REQUESTS]
+
+
+def _replay(recorded_p: float, replay_p: float, device_kind: str, running: str, **record):
+    recorded = {"suite": GOLDEN_SUITE, "answers": _noul_answers(recorded_p), **record}
+    answers = iter(_noul_answers(replay_p))
+    return replay_golden(recorded, lambda state, questions: next(answers), "package", device_kind, running)
+
+
+def test_a_replay_is_held_to_the_bound_of_its_numerics_against_the_records():
+    assert golden_tolerance("cpu", "fp32", "fp32") == GOLDEN_TOLERANCE["cpu"] == 1e-3
+    assert golden_tolerance("cuda", "fp32", "fp32") == golden_tolerance("cuda", "bf16", "bf16") == GOLDEN_TOLERANCE["gpu"]
+    assert golden_tolerance("cpu", "fp16", "fp32") == GOLDEN_TOLERANCE["gpu"]
+    for running in ("bf16", "bf16+autocast-bf16", "int8"):
+        assert golden_tolerance("cuda", running, "fp32") == golden_tolerance("cpu", running) == CROSS_NUMERICS_TOLERANCE
+
+    # An FP32 record replayed in BF16 (a GPU's exact): 0.1 of rounding drift passes, the 0.45 -> 0.55 flips are
+    # near-ties of that record (margin 0.1 < 0.35); the same drift fails a same-numerics replay, flips counted.
+    drift = _replay(0.45, 0.55, "cuda", "bf16+autocast-bf16", numerics="fp32")
+    assert drift.passed and drift.decisions_changed == 0 and abs(drift.max_abs_diff - 0.1) < 1e-9
+    assert drift.numerics == "fp32 record, bf16+autocast-bf16 replay" and drift.tolerance == CROSS_NUMERICS_TOLERANCE
+    strict = _replay(0.45, 0.55, "cpu", "fp32")  # a record without "numerics" was made in FP32
+    assert not strict.passed and strict.decisions_changed == strict.questions == 5 and strict.numerics == "fp32 record, fp32 replay"
+    assert not _replay(0.45, 0.55, "cuda", "bf16", numerics="bf16").passed
+    # A confident answer turned around is a gross error whatever the numerics.
+    broken = _replay(0.05, 0.95, "cuda", "bf16", numerics="fp32")
+    assert not broken.passed and broken.decisions_changed == 5

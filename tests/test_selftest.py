@@ -9,7 +9,9 @@ import sys
 import onnxruntime as ort
 import pytest
 
-from vllm_sr_runtime.parity.selftest import gate_for, provider_missing
+import vllm_sr_runtime
+from vllm_sr_runtime.parity.selftest import device_numerics_parity, gate_for, provider_missing
+from vllm_sr_runtime.synthetic.writer import write_synthetic_package
 
 
 def test_gates_per_dtype():
@@ -23,6 +25,18 @@ def test_a_device_whose_provider_this_onnxruntime_lacks_is_named_with_the_packag
     assert provider_missing("cpu") is None
     why = provider_missing("cuda")
     assert why.startswith("UnsupportedDeviceError") and "CUDAExecutionProvider" in why and "onnxruntime-gpu" in why
+
+
+def test_a_device_numerics_row_passes_rounding_and_fails_a_model_that_decides_otherwise(models, tmp_path):
+    """The GPU row's gate on CPU models: the same model passes; another seed's weights (a wrong load) turn clear
+    decisions around and fail it."""
+    reference = models("d3")
+    same = device_numerics_parity(reference, reference, questions=16)
+    assert same["failed"] == [] and same["decisions_changed"] == same["clear_decisions_changed"] == 0 and same["max_abs_diff"] == 0
+    other = vllm_sr_runtime.load(write_synthetic_package("decision3", tmp_path / "other", seed=5)[0])
+    wrong = device_numerics_parity(reference, other, questions=16)
+    assert wrong["clear_decisions_changed"] > 0 and wrong["failed"] and "decisions the reference made by >= 0.35 changed" in wrong["failed"][0]
+    assert wrong["decisions_changed"] >= wrong["clear_decisions_changed"]
 
 
 def test_selftest_on_cpu_reports_every_check_and_fails_on_a_dtype_the_device_cannot_run(tmp_path):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import safe_open
 from transformers import Qwen3Config, Qwen3Model, Qwen3_5TextConfig, Qwen3_5TextModel
+from transformers.models.qwen3_5 import modeling_qwen3_5
 
 from vllm_sr_runtime.errors import PackageError
 
@@ -14,6 +17,33 @@ BACKBONES = {
     "qwen3": (Qwen3Config, Qwen3Model),
     "qwen3_5_text": (Qwen3_5TextConfig, Qwen3_5TextModel),
 }
+
+
+GATED_DELTA_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+
+
+def _outside_autocast(rule: Callable) -> Callable:
+    @functools.wraps(rule)
+    def run(query: torch.Tensor, *args, **kwargs):
+        if not torch.is_autocast_enabled(query.device.type):
+            return rule(query, *args, **kwargs)
+        with torch.autocast(query.device.type, enabled=False):
+            return rule(query, *args, **kwargs)
+
+    run.vsr_outside_autocast = True
+    return run
+
+
+def keep_gated_delta_rule_fp32() -> None:
+    """transformers' PyTorch gated delta rule (what runs without flash-linear-attention, e.g. on every GPU of
+    ours) casts q/k/v/g/beta to FP32, but under a BF16 autocast (Decision 2.0's GPU policy) its matmuls run
+    in BF16 again: decisions then moved on 3-11 of 24 questions of a tiny Qwen3.5 package against FP32, where
+    BF16 weights and activations alone moved none. The released runtime's FLA kernels accumulate in FP32;
+    so does this, by running the rule outside autocast (a no-op where autocast is off). Idempotent."""
+    for name in GATED_DELTA_RULES:
+        rule = getattr(modeling_qwen3_5, name)
+        if not getattr(rule, "vsr_outside_autocast", False):
+            setattr(modeling_qwen3_5, name, _outside_autocast(rule))
 
 
 def text_config_from_dict(model_type: str, data: dict):
@@ -40,6 +70,8 @@ def read_tensors(files: list[Path], prefix: str, root: Path) -> dict[str, torch.
 def build_text_model(model_type: str, config, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, where: str) -> torch.nn.Module:
     """Instantiate without random init (meta device), then take the package's tensors as parameters."""
     _, model_cls = BACKBONES[model_type]
+    if model_cls is Qwen3_5TextModel:
+        keep_gated_delta_rule_fp32()
     with torch.device("meta"):
         model = model_cls(config)
     expected = set(model.state_dict())

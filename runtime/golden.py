@@ -39,9 +39,10 @@ GOLDEN_REQUESTS: tuple[tuple[Any, dict], ...] = (
 GOLDEN_TOLERANCE = {"cpu": 1e-3, "gpu": 2e-2}
 # A record made in other numerics than the replay's (the FP32 answers `fixture` and `export` record on a CPU,
 # replayed by a GPU's BF16 `exact` or an int8 artifact) can only catch a gross error: on an H200, BF16 `exact`
-# moved the golden answers of tiny synthetic packages by up to 0.251 (Decision 2.0 Qwen3.5: its close calls;
-# Decision 3.0 0.049, Decision 2.0 Qwen3 0.035), CPU-emulated BF16 by up to 0.18 over eight packages, flipping
-# decisions whose recorded margin was up to 0.18. fp16 keeps 10 mantissa bits and is held to the GPU bound.
+# moved the golden answers of tiny synthetic packages by up to 0.251 (Decision 2.0 Qwen3.5; Decision 3.0 0.049,
+# Decision 2.0 Qwen3 0.035); CPU-emulated BF16 over eight packages (three seeds of D3 and D2 Qwen3.5, two of D2
+# Qwen3) by up to 0.28, the same D2 Qwen3.5 answer (its Gated DeltaNet layers' BF16 projections: in FP32 it moves
+# 0.02), flipping only a near-tie (margin 0.001). fp16 keeps 10 mantissa bits and is held to the GPU bound.
 CROSS_NUMERICS_TOLERANCE = 0.35
 RECORD_NUMERICS = "fp32"  # what a record without a "numerics" field was made in (every writer's, before it said)
 

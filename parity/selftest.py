@@ -89,18 +89,28 @@ def _fixture(name: str, spec: dict, root: Path) -> tuple[Path, Path | None]:
     return out, (written[1] if len(written) > 1 else None)
 
 
-def _parity(exact: Any, fast: Any, questions: int) -> dict:
-    from vllm_sr_runtime.parity.compare import compare, gates, summarize
+def _compared(reference: Any, candidate: Any, questions: int) -> tuple[list[dict], dict]:
+    """`parity`'s rows and summary of the candidate against the reference on the short suite's first questions."""
+    from vllm_sr_runtime.parity.compare import compare, summarize
     from vllm_sr_runtime.parity.suite import short_suite
 
-    suite = short_suite(exact.family.max_input_tokens, questions=questions)
-    summary = summarize(compare(exact, fast, suite, progress=False))
-    gate = gate_for(fast.dtype)
-    failed = gates(summary, gate["max_changed_rate"], gate["max_abs_diff"])
+    rows = compare(reference, candidate, short_suite(reference.family.max_input_tokens, questions=questions), progress=False)
+    return rows, summarize(rows)
+
+
+def _row(summary: dict, gate: dict, failed: list[str]) -> dict:
     return {
         "questions": summary["compared"], "decisions_changed": summary["decisions_changed"], "changed_rate": summary["changed_rate"],
         "max_abs_diff": summary["abs_diff"]["max"], "median_abs_diff": summary["abs_diff"]["median"], "gate": gate, "failed": failed,
     }  # fmt: skip
+
+
+def _parity(exact: Any, fast: Any, questions: int) -> dict:
+    from vllm_sr_runtime.parity.compare import gates
+
+    _, summary = _compared(exact, fast, questions)
+    gate = gate_for(fast.dtype)
+    return _row(summary, gate, gates(summary, gate["max_changed_rate"], gate["max_abs_diff"]))
 
 
 def device_numerics_parity(reference: Any, device_exact: Any, questions: int) -> dict:
@@ -109,24 +119,15 @@ def device_numerics_parity(reference: Any, device_exact: Any, questions: int) ->
     the gate counts the decisions that changed where the reference decided by at least that much (<= 1%): a
     broken kernel or load turns clear decisions around; rounding turns close ones."""
     from vllm_sr_runtime.golden import CROSS_NUMERICS_TOLERANCE
-    from vllm_sr_runtime.parity.compare import compare, summarize
-    from vllm_sr_runtime.parity.suite import short_suite
+    from vllm_sr_runtime.parity.compare import gates
 
-    suite = short_suite(reference.family.max_input_tokens, questions=questions)
-    rows = compare(reference, device_exact, suite, progress=False)
-    summary = summarize(rows)
+    rows, summary = _compared(reference, device_exact, questions)
     clear = sum(1 for row in rows if row.get("decision_changed") and row["reference_margin"] >= CROSS_NUMERICS_TOLERANCE)
     gate = {"max_clear_changed_rate": LOW_PRECISION_MAX_CHANGED_RATE, "clear_margin": CROSS_NUMERICS_TOLERANCE}
-    failed = []
+    failed = gates(summary, None, None)  # questions that errored differently
     if summary["compared"] and clear / summary["compared"] > gate["max_clear_changed_rate"]:
-        failed.append(f"{clear}/{summary['compared']} decisions the reference made by >= {CROSS_NUMERICS_TOLERANCE} changed")
-    if summary["errors_differ"]:
-        failed.append(f"{summary['errors_differ']} question(s) errored differently between the devices")
-    return {
-        "questions": summary["compared"], "decisions_changed": summary["decisions_changed"], "clear_decisions_changed": clear,
-        "changed_rate": summary["changed_rate"], "max_abs_diff": summary["abs_diff"]["max"], "median_abs_diff": summary["abs_diff"]["median"],
-        "gate": gate, "failed": failed,
-    }  # fmt: skip
+        failed.insert(0, f"{clear}/{summary['compared']} decisions the reference made by >= {CROSS_NUMERICS_TOLERANCE} changed")
+    return _row(summary, gate, failed) | {"clear_decisions_changed": clear}
 
 
 def provider_missing(device_kind: str) -> str | None:

@@ -61,3 +61,19 @@ def test_selftest_on_cpu_reports_every_check_and_fails_on_a_dtype_the_device_can
     assert [row["clients"] for row in report["http"]] == [1, 4]
     assert all(row["profile"] == "max_speed" and row["dtype"] == "fp32" and row["rps"] > 0 and set(row["statuses"]) == {"200"} for row in report["http"])
     assert "parity d3 max_speed vs exact" in done.stdout and "selftest: FAILED" in done.stdout
+
+
+def test_selftest_serves_exact_when_no_artifact_runs(tmp_path):
+    """Every artifact dtype failed (bf16 has no CPU kernels): latency and throughput fall back to the eager profile."""
+    out = tmp_path / "selftest"
+    command = [
+        sys.executable, "-m", "vllm_sr_runtime.cli", "selftest", "--device", "cpu", "--out", str(out), "--fixtures", "d3",
+        "--dtypes", "bf16", "--lengths", "128", "--clients", "1", "--http-seconds", "1", "--questions", "4", "--repeats", "1", "--quiet",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads((out / "selftest.json").read_text())
+    assert [row["dtype"] for row in report["parity"]] == ["bf16"] and report["parity"][0]["failed"]
+    assert [row["profile"] for row in report["latency"]] == ["exact"]
+    assert [(row["profile"], row["dtype"]) for row in report["http"]] == [("exact", "fp32")]
+    assert report["http"][0]["rps"] > 0 and set(report["http"][0]["statuses"]) == {"200"}

@@ -37,9 +37,9 @@ def _outside_autocast(rule: Callable) -> Callable:
 def keep_gated_delta_rule_fp32() -> None:
     """transformers' PyTorch gated delta rule (what runs without flash-linear-attention, e.g. on every GPU of
     ours) casts q/k/v/g/beta to FP32, but under a BF16 autocast (Decision 2.0's GPU policy) its matmuls run
-    in BF16 again: decisions then moved on 3-11 of 24 questions of a tiny Qwen3.5 package against FP32, where
-    BF16 weights and activations alone moved none. The released runtime's FLA kernels accumulate in FP32;
-    so does this, by running the rule outside autocast (a no-op where autocast is off). Idempotent."""
+    in BF16 again. The released runtime's FLA kernels accumulate in FP32; so does this, by running the rule
+    outside autocast (a no-op where autocast is off): on an H200, a tiny Qwen3.5 Decision 2.0 package's BF16
+    answers moved from FP32's by a median |dp| of 0.036 with it, 0.093 without. Idempotent."""
     for name in GATED_DELTA_RULES:
         rule = getattr(modeling_qwen3_5, name)
         if not getattr(rule, "vsr_outside_autocast", False):

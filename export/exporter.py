@@ -18,7 +18,7 @@ from vllm_sr_runtime.export.disk_space import check_disk_space
 from vllm_sr_runtime.export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
 from vllm_sr_runtime.export.graph_passes import op_counts
 from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS
-from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FORMS, INT8_FP32_CHOICES
 from vllm_sr_runtime.export import int8_sensitivity
 from vllm_sr_runtime.export.phases import PhaseClock, available_memory_bytes
 from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, graph_parity, plan_smoke, smoke_parity
@@ -151,7 +151,7 @@ def export_family(
         measured, calibration_answers = None, []
         if calibrate:
             phase("calibrate")
-            measured, calibration_answers = measure_int8_sensitivity(family, int8_target, calibration, progress=progress)
+            measured, calibration_answers = measure_int8_sensitivity(family, int8_target, calibration, progress=progress, form=int8_activations)
             bar.update()
         kept = frozenset(measured["kept"]) if measured else frozenset()
         phase("trace")
@@ -205,7 +205,7 @@ def export_family(
             manifest["cuda_kernels"] = cuda_check
             if dtype == "int8":
                 manifest["int8"] = {
-                    "activations": f"per {int8_activations}", "weights": "per output channel, symmetric", "kept_fp32": list(INT8_FP32_PROJECTIONS),
+                    "activations": INT8_FORMS[int8_activations][0], "weights": INT8_FORMS[int8_activations][1], "kept_fp32": list(INT8_FP32_PROJECTIONS),
                     "fp32_choice": int8_fp32, "measured": measured,
                 }  # fmt: skip
             manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
@@ -261,7 +261,7 @@ def _numerics(family: Family, dtype: str = "fp32") -> Numerics:
 
 
 def measure_int8_sensitivity(
-    family: Family, target: float, calibration: int8_sensitivity.Calibration | None = None, progress: bool = False
+    family: Family, target: float, calibration: int8_sensitivity.Calibration | None = None, progress: bool = False, form: str = "token"
 ) -> tuple[dict, list[list[float] | None]]:
     """The Linears this package keeps FP32 under int8, measured on the eager FP32 module (loaded for this only) on
     `calibration` (default: the built-in requests), as the manifest records them, and the eager answers to the
@@ -277,7 +277,10 @@ def measure_int8_sensitivity(
         )
     eager = build_export_module(family, "fp32")
     calibration = calibration or int8_sensitivity.builtin_calibration()
-    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress)
+    # the per-tensor form is measured as per token: its single scale is data-wide, which a first-order model of
+    # one calibration row at a time cannot see
+    rounding = form if form in int8_sensitivity.ROUNDING_FORMS else "token"
+    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress, form=rounding)
     del eager
     kept = int8_sensitivity.choose(sensitivity, target)
     # calibration_parity: the finished int8 graph against these eager answers, filled in by the smoke phase

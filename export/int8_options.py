@@ -3,7 +3,15 @@
 
 from __future__ import annotations
 
-ACTIVATION_FORMS = ("token", "tensor")  # one activation scale per token (default) or per tensor (ORT quantize_dynamic's form)
+# one activation scale per token (default), per tensor (ORT quantize_dynamic's form), or per token and block of 32
+# channels with weights per block too (ORT's MatMulNBits at 8 bits)
+ACTIVATION_FORMS = ("token", "tensor", "block")
+# what the manifest says of each form: (activations, weights)
+INT8_FORMS = {
+    "token": ("per token", "per output channel, symmetric"),
+    "tensor": ("per tensor", "per output channel, symmetric"),
+    "block": ("per token and block of 32 channels", "per output channel and block of 32 inputs, symmetric"),
+}
 INT8_FP32_CHOICES = ("measured", "rule")  # which MatMuls stay FP32 beyond the fixed rule: measured per package, or none
 # A decision flips when the margin moves by more than itself; keeping every row's predicted spread under a quarter
 # of its margin puts a flip 4 standard deviations away on the calibration rows, which leaves room for prompts

@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from vllm_sr_runtime.errors import InvalidRequest
-from vllm_sr_runtime.export.int8 import QMAX, stays_fp32
+from vllm_sr_runtime.export.int8 import NBITS_BLOCK, QMAX, stays_fp32
 from vllm_sr_runtime.export.int8_options import DEFAULT_TARGET
 from vllm_sr_runtime.families.answers import NEAR_TIE_MARGIN, answer_distribution
 from vllm_sr_runtime.families.base import Family
@@ -49,6 +49,7 @@ FINITE_DIFFERENCE_STEP = 1e-4  # relative to the output entry (a probability or 
 # and a 12-turn conversation, all confident: log margins 5.9-19.7) let a change that flips closer calls pass
 # (d3-lite seed 2: 6/80 decisions changed with it, 0/80 with these).
 BUILTIN_CALIBRATION_FILE = Path(__file__).with_name("int8_calibration.jsonl")
+ROUNDING_FORMS = ("token", "block")  # the int8 forms whose rounding the measurement models
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,13 @@ def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ..
     }
 
 
-def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False) -> Sensitivity:
+def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False, form: str = "token") -> Sensitivity:
     """First-order int8 sensitivity of every quantizable Linear of the eager FP32 `module`, on every answer row
-    of `requests` ((state, questions) pairs) that is not a near-tie; `progress`: a bar over the questions (each
-    costs one forward and one backward pass: ~12 s at 0.75B parameters on 2 cores)."""
+    of `requests` ((state, questions) pairs) that is not a near-tie, with the rounding of the int8 `form` (`token`
+    or `block`); `progress`: a bar over the questions (each costs one forward and one backward pass: ~12 s at
+    0.75B parameters on 2 cores)."""
+    if form not in ROUNDING_FORMS:
+        raise ValueError(f"int8 sensitivity is measured for the {' or '.join(ROUNDING_FORMS)} forms, not {form!r}")
     linears = quantizable_linears(module, family.export_spec.quantized_towers)
     if not linears:
         raise ValueError(f"{family.model_name} has no Linear that int8 quantizes")
@@ -154,7 +158,7 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
                         continue
                     target = (output.float() * torch.from_numpy(direction)).sum()
                     gradients = torch.autograd.grad(target, [captured[name][1] for name in names])
-                rows.append(np.array([_variance(captured[name][0].detach(), g, linears[name].weight.detach()) for name, g in zip(names, gradients)]))
+                rows.append(np.array([_variance(captured[name][0].detach(), g, linears[name].weight.detach(), form) for name, g in zip(names, gradients)]))
                 margins.append(margin)
                 del output, gradients
     finally:
@@ -202,17 +206,30 @@ def summary(sensitivity: Sensitivity, kept: list[str], target: float) -> dict:
     }
 
 
-def _variance(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor) -> float:
+def _rounding_error(values: torch.Tensor, block: int | None) -> torch.Tensor:
+    """What symmetric int8 rounding adds to each row of a 2-D tensor: one step per row (max |row| / 127), or one
+    per row and block of `block` columns (a last partial block on its own), as the int8 graph rounds it."""
+    tiny = torch.finfo(torch.float32).tiny
+    if block is None:
+        steps = (values.abs().amax(dim=1, keepdim=True) / QMAX).clamp_min(tiny)
+    else:
+        columns = values.shape[1]
+        padded = torch.nn.functional.pad(values, (0, -columns % block))
+        steps = (padded.reshape(values.shape[0], -1, block).abs().amax(dim=2) / QMAX).clamp_min(tiny)
+        steps = steps.repeat_interleave(block, dim=1)[:, :columns]
+    return torch.round(values / steps).clamp(-QMAX, QMAX) * steps - values
+
+
+def _variance(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, form: str = "token") -> float:
     """The squared first-order change of the margin when one Linear runs in int8: its input x [.., tokens, in]
-    rounded per token and its weight rounded per output channel, exactly as the int8 graph rounds them, against
-    the margin's gradient g at its output [.., tokens, out]."""
+    and its weight [out, in] rounded as the int8 `form` rounds them (`token`: x per token, the weight per output
+    channel; `block`: both per row and block of NBITS_BLOCK inputs), against the margin's gradient g at its output
+    [.., tokens, out]."""
     x2 = x.reshape(-1, x.shape[-1]).float()
     g2 = g.reshape(-1, g.shape[-1]).float()
     w = weight.float()
-    token_steps = (x2.abs().amax(dim=1, keepdim=True) / QMAX).clamp_min(torch.finfo(torch.float32).tiny)
-    weight_steps = (w.abs().amax(dim=1, keepdim=True) / QMAX).clamp_min(torch.finfo(torch.float32).tiny)
-    x_error = torch.round(x2 / token_steps) * token_steps - x2
-    w_error = torch.round(w / weight_steps).clamp(-QMAX, QMAX) * weight_steps - w
+    block = NBITS_BLOCK if form == "block" else None
+    x_error, w_error = _rounding_error(x2, block), _rounding_error(w, block)
     # <g, x_error W^T> + <g, x W_error^T> = <x_error, g W> + <W_error, g^T x>
     change = (x_error * (g2 @ w)).sum(dtype=torch.float64) + (w_error * (g2.T @ x2)).sum(dtype=torch.float64)
     return float(change) ** 2

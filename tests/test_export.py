@@ -473,40 +473,61 @@ def _one_matmul_graph(weight: np.ndarray):
     return traced
 
 
-@pytest.mark.parametrize("form", ["token", "tensor"])
+@pytest.mark.parametrize("form", ["token", "tensor", "block"])
 def test_int8_activation_forms_quantize_each_input_once_and_compute_what_they_say(form):
     """Per token: each row gets its own scale (an outlier row leaves the others' precision alone); the answer
     equals a NumPy per-row x per-column reference under every ORT optimization level (ORT's MatMulIntegerToFloat
-    fusion must not treat the row scales as one)."""
+    fusion must not treat the row scales as one). Per block: one MatMulNBits per weight, whose answer equals a
+    NumPy reference rounding weights and activations per row and block of 32 (an outlier channel costs only its
+    own block)."""
     import onnx_ir as ir
     import onnxruntime as ort
 
-    from vllm_sr_runtime.export.int8 import quantize_matmuls, quantize_per_channel
+    from vllm_sr_runtime.export.int8 import NBITS_BLOCK, NBITS_ZERO_POINT, quantize_blocks, quantize_matmuls, quantize_per_channel
 
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((64, 48)).astype(np.float32)
     x = rng.standard_normal((2, 5, 64)).astype(np.float32)
     x[1, 2] *= 300.0  # one outlier token
+    if form == "block":
+        x[..., 3] *= 300.0  # and one outlier channel, in the first block of 32
     traced = _one_matmul_graph(weight)
     assert quantize_matmuls(traced, lambda name: False, form) == 2
     ops = [node.op_type for node in traced.model.graph]
-    # per token: the integer product and the columns' scales in one kernel, the rows' scales after it
-    assert ops.count("MatMulIntegerToFloat" if form == "token" else "MatMulInteger") == 2 and ("DynamicQuantizeLinear" in ops) == (form == "tensor")
-    assert ops.count("ReduceMax") == ops.count("QuantizeLinear") == (1 if form == "token" else 0)  # one quantization, shared by both readers
+    if form == "block":
+        assert ops.count("MatMulNBits") == 2 and "QuantizeLinear" not in ops and "MatMul" not in ops
+    else:
+        # per token: the integer product and the columns' scales in one kernel, the rows' scales after it
+        assert ops.count("MatMulIntegerToFloat" if form == "token" else "MatMulInteger") == 2 and ("DynamicQuantizeLinear" in ops) == (form == "tensor")
+        assert ops.count("ReduceMax") == ops.count("QuantizeLinear") == (1 if form == "token" else 0)  # one quantization, shared by both readers
     proto = ir.serde.serialize_model(traced.model)
-    w_q, w_scale = quantize_per_channel(weight, 1)
+    exact = 2 * x @ weight
     if form == "token":
+        w_q, w_scale = quantize_per_channel(weight, 1)
         scale = np.maximum(np.abs(x).max(-1, keepdims=True) / 127, np.finfo(np.float32).tiny).astype(np.float32)
         x_q = np.round(x / scale)
         expected = 2 * (x_q @ w_q.astype(np.float64)) * scale * w_scale
-        exact = 2 * x @ weight
         others = np.abs(expected - exact)[1, [0, 1, 3, 4]].max()
         assert others < 0.05 * np.abs(exact[1, [0, 1, 3, 4]]).max()  # the outlier row cost the others nothing
+    if form == "block":
+        w_q, w_scale = quantize_blocks(weight.T)
+        assert w_q.shape == (48, 64 // NBITS_BLOCK, NBITS_BLOCK)
+        dequantized = ((w_q.astype(np.float64) - NBITS_ZERO_POINT) * w_scale[..., None]).reshape(48, 64).T
+        blocks = x.astype(np.float64).reshape(2, 5, 64 // NBITS_BLOCK, NBITS_BLOCK)
+        steps = np.abs(blocks).max(-1, keepdims=True) / 127
+        rounded = (np.round(blocks / steps) * steps).reshape(2, 5, 64)
+        expected = 2 * rounded @ dequantized
+        # the outlier channel costs the other block's channels nothing, where one scale per token loses them
+        per_token = np.abs(x).max(-1, keepdims=True) / 127
+        token_error = np.abs(np.round(x / per_token) * per_token - x)[0, :, NBITS_BLOCK:].max()
+        assert np.abs(rounded - x)[0, :, NBITS_BLOCK:].max() < token_error / 100
     for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
         options = ort.SessionOptions()
         options.graph_optimization_level = level
         got = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         if form == "token":
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-3)
+        elif form == "block":
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(exact).max())
         else:
-            np.testing.assert_allclose(got, 2 * x @ weight, rtol=0.2, atol=0.2 * np.abs(x).max())
+            np.testing.assert_allclose(got, exact, rtol=0.2, atol=0.2 * np.abs(x).max())

@@ -15,12 +15,17 @@ import torch
 import vllm_sr_runtime
 from vllm_sr_runtime.export import int8_options, int8_sensitivity
 from vllm_sr_runtime.export.exporter import build_export_module, export_package
+from vllm_sr_runtime.export.int8 import NBITS_BLOCK
 from vllm_sr_runtime.families.answers import answer_distribution
 from vllm_sr_runtime.parity.suite import short_suite
 
 
-def _rounded_per_row(values: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 rounding with one scale per row (last axis), written independently of the exporter."""
+def _rounded_per_row(values: torch.Tensor, block: int | None = None) -> torch.Tensor:
+    """Symmetric int8 rounding with one scale per row (last axis), or per row and block of `block` entries of
+    it, written independently of the exporter."""
+    if block is not None:
+        blocks = values.reshape(*values.shape[:-1], values.shape[-1] // block, block)
+        return _rounded_per_row(blocks).reshape(values.shape)
     steps = values.abs().amax(dim=-1, keepdim=True) / 127
     steps = torch.where(steps > 0, steps, torch.ones_like(steps))
     return torch.round(values / steps) * steps
@@ -39,15 +44,17 @@ def _log_margin(family, module, state, questions, indices=None):
 FRACTION = 0.05
 
 
-@pytest.mark.parametrize("name", ["d3", "d2_qwen3_5"])
-def test_first_order_prediction_matches_the_margin_change_of_quantizing_one_linear(packages, models, name):
+@pytest.mark.parametrize("name,form", [("d3", "token"), ("d2_qwen3_5", "token"), ("d3", "block"), ("d2_qwen3_5", "block")])
+def test_first_order_prediction_matches_the_margin_change_of_quantizing_one_linear(packages, models, name, form):
     """The measured first-order change is the derivative it claims to be: for the Linears it ranks most harmful,
     adding a small fraction (+-5%, central differences) of int8's rounding error to just that Linear's weight (per output channel) and
     input (per token) in the eager module moves the answer's log-margin by that fraction of the prediction. (At the
     full rounding error the layers are not that linear: on these tiny fixtures one layer-0 projection moves 0.6x
     its prediction; the choice only needs the ranking and the scale.) Within 20%: the finite differences agree with
     each other from 1% to 20% of the rounding error, and with autograd's derivative to 1-2% on most Linears but up
-    to ~15% on a few (not chased further). Leaving out either term (weight or input rounding) misses by far more."""
+    to ~15% on a few (not chased further). Leaving out either term (weight or input rounding) misses by far more.
+    The `block` form (MatMulNBits) rounds both per row and block of 32 inputs."""
+    block = NBITS_BLOCK if form == "block" else None
     family = models(name).family
     module = build_export_module(family, "fp32")
     requests = [(state, {key: question}) for state, questions in int8_sensitivity.builtin_calibration().requests for key, question in questions.items()][:10]
@@ -55,7 +62,7 @@ def test_first_order_prediction_matches_the_margin_change_of_quantizing_one_line
     flags = [p.requires_grad for p in module.parameters()]
     for state, questions in requests:
         try:
-            measured = int8_sensitivity.measure(family, module, [(state, questions)])
+            measured = int8_sensitivity.measure(family, module, [(state, questions)], form=form)
         except ValueError:  # a near-tie: nothing to measure on this row
             continue
         assert measured.variance.shape == (1, len(measured.names)) and [p.requires_grad for p in module.parameters()] == flags
@@ -68,8 +75,8 @@ def test_first_order_prediction_matches_the_margin_change_of_quantizing_one_line
             moved = []
             for fraction in (FRACTION, -FRACTION):  # central differences: the second-order term cancels
                 with torch.no_grad():
-                    layer.weight.copy_(original + fraction * (_rounded_per_row(original) - original))
-                hook = layer.register_forward_pre_hook(lambda _, args, f=fraction: (args[0] + f * (_rounded_per_row(args[0]) - args[0]),))
+                    layer.weight.copy_(original + fraction * (_rounded_per_row(original, block) - original))
+                hook = layer.register_forward_pre_hook(lambda _, args, f=fraction: (args[0] + f * (_rounded_per_row(args[0], block) - args[0]),))
                 try:
                     moved.append(_log_margin(family, module, state, questions, indices)[0])
                 finally:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES, MOSTLY_FP32_SHARE
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, MOSTLY_FP32_SHARE
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
         int8_fp32=args.int8_fp32,
         int8_target=args.int8_target,
         int8_calibration=Path(args.int8_calibration) if args.int8_calibration else None,
+        int8_sensitive=args.int8_sensitive,
     )
     smoke = manifest["smoke_parity"]
     ops = sum(manifest["op_counts"].values())
@@ -41,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         measured = manifest["int8"]["measured"]
         print(
             f"int8 measured on {measured['rows']} calibration answers{_calibration_source(measured['calibration'])}: {len(measured['kept'])} MatMuls kept FP32 "
-            f"({measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds); predicted margin spread "
+            f"({measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds), {len(measured['blocked'])} in the block form "
+            f"({measured['blocked_share_of_quantizable_macs']:.0%}); predicted margin spread "
             f"{measured['predicted_spread_all_int8']:.3g} -> {measured['predicted_spread_chosen']:.3g} of the margin (target {measured['target']})"
         )
         checked = measured["calibration_parity"]  # None where the export opened no CPU session
@@ -114,7 +116,15 @@ def register(sub) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--int8-activations", default=ACTIVATION_FORMS[0], choices=ACTIVATION_FORMS,
-        help="--dtype int8: one activation scale per token (default; robust to outlier tokens) or per tensor (ORT quantize_dynamic's form)",
+        help="--dtype int8: one activation scale per token (default; robust to outlier tokens), per tensor (ORT quantize_dynamic's "
+        "form) or per block (ORT's MatMulNBits at 8 bits: weights and activations per block of 32 inputs; robust to outlier "
+        "channels, slower than per token)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--int8-sensitive", default=INT8_SENSITIVE_CHOICES[0], choices=INT8_SENSITIVE_CHOICES,
+        help="--int8-fp32 measured with per-token activations: where the MatMuls the measurement finds most harmful go: "
+        "fp32 (default) or first the block form (FP32 only where that still misses --int8-target; measured no faster on "
+        "an AVX-512 VNNI host)",
     )  # fmt: skip
     parser.add_argument(
         "--int8-fp32", default=INT8_FP32_CHOICES[0], choices=INT8_FP32_CHOICES,

@@ -28,3 +28,4 @@ class ExportContext:
     eager: torch.nn.Module | None = None  # the module with its weights, while the smoke parity runs
     int8_activations: str = "token"  # --dtype int8: activation scales per token or per tensor
     int8_kept: frozenset[str] = frozenset()  # --dtype int8: weights the package's measured sensitivity keeps FP32
+    int8_blocked: frozenset[str] = frozenset()  # --dtype int8: weights it moves to the block form

@@ -18,7 +18,7 @@ from vllm_sr_runtime.export.disk_space import check_disk_space
 from vllm_sr_runtime.export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
 from vllm_sr_runtime.export.graph_passes import op_counts
 from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS
-from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FORMS, INT8_FP32_CHOICES
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FORMS, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES
 from vllm_sr_runtime.export import int8_sensitivity
 from vllm_sr_runtime.export.phases import PhaseClock, available_memory_bytes
 from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, graph_parity, plan_smoke, smoke_parity
@@ -64,12 +64,13 @@ def export_package(
     int8_fp32: str = "measured",
     int8_target: float = DEFAULT_TARGET,
     int8_calibration: Path | None = None,
+    int8_sensitive: str = INT8_SENSITIVE_CHOICES[0],
 ) -> dict:
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     return export_family(
         family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context, smoke=smoke, lengths=lengths,
-        int8_activations=int8_activations, int8_fp32=int8_fp32, int8_target=int8_target, int8_calibration=int8_calibration,
+        int8_activations=int8_activations, int8_fp32=int8_fp32, int8_target=int8_target, int8_calibration=int8_calibration, int8_sensitive=int8_sensitive,
     )
 
 
@@ -88,6 +89,7 @@ def export_family(
     int8_fp32: str = "measured",
     int8_target: float = DEFAULT_TARGET,
     int8_calibration: Path | None = None,
+    int8_sensitive: str = INT8_SENSITIVE_CHOICES[0],
 ) -> dict:
     """Trace, lower, write, check and smoke-test one artifact. `shared_context` adds a second graph,
     the module's forward_shared (prefix once, question rows continue from its state), for that profile
@@ -98,7 +100,8 @@ def export_family(
     Under int8, `int8_fp32` says which MatMuls stay FP32 besides the fixed rule's: `measured` (the Linears this
     package's first-order sensitivity names, until every calibration row's predicted spread is `int8_target`
     times its margin or less) or `rule` (the fixed rule only). `int8_calibration`: a JSONL request file to measure on
-    instead of the built-in calibration requests."""
+    instead of the built-in calibration requests. `int8_sensitive`: where the measured choice moves a harmful Linear,
+    `fp32`, or first `block` (MatMulNBits, when the rest run per token; FP32 only where that misses the target)."""
     if family.export_spec is None:
         raise ArtifactError(f"family {family.name} declares no export (its ExportSpec): it runs on its own engines only")
     towers = family.export_spec.quantized_towers
@@ -116,6 +119,8 @@ def export_family(
         raise ValueError(f"int8 activations must be one of {', '.join(ACTIVATION_FORMS)}")
     if int8_fp32 not in INT8_FP32_CHOICES:
         raise ValueError(f"int8 FP32 choice must be one of {', '.join(INT8_FP32_CHOICES)}")
+    if int8_sensitive not in INT8_SENSITIVE_CHOICES:
+        raise ValueError(f"int8 sensitive choice must be one of {', '.join(INT8_SENSITIVE_CHOICES)}")
     if not int8_target > 0:
         raise ValueError(f"--int8-target must be > 0, not {int8_target}")
     calibrate = dtype == "int8" and int8_fp32 == "measured"
@@ -151,15 +156,16 @@ def export_family(
         measured, calibration_answers = None, []
         if calibrate:
             phase("calibrate")
-            measured, calibration_answers = measure_int8_sensitivity(family, int8_target, calibration, progress=progress, form=int8_activations)
+            measured, calibration_answers = measure_int8_sensitivity(family, int8_target, calibration, progress=progress, form=int8_activations, sensitive=int8_sensitive)
             bar.update()
         kept = frozenset(measured["kept"]) if measured else frozenset()
+        blocked = frozenset(measured["blocked"]) if measured else frozenset()
         phase("trace")
         traced = trace(streamed, skeleton, sample, opset, family.input_names, family.dynamic_axes, family.output_name, translation_table(config))
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept)
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept, int8_blocked=blocked)
             reuse = main_weights["index"]
             buckets = write_static_graphs(proto, temp, family, gdn, static_lengths, MODEL_FILE) if static_lengths else None
             del traced, proto
@@ -194,6 +200,7 @@ def export_family(
             bar.update()
             context = ExportContext(
                 family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations, int8_kept=kept,
+                int8_blocked=blocked,
             )  # fmt: skip
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
@@ -232,7 +239,7 @@ def _export_shared(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("shared write")
-    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
     del model, traced
@@ -261,7 +268,12 @@ def _numerics(family: Family, dtype: str = "fp32") -> Numerics:
 
 
 def measure_int8_sensitivity(
-    family: Family, target: float, calibration: int8_sensitivity.Calibration | None = None, progress: bool = False, form: str = "token"
+    family: Family,
+    target: float,
+    calibration: int8_sensitivity.Calibration | None = None,
+    progress: bool = False,
+    form: str = "token",
+    sensitive: str = "block",
 ) -> tuple[dict, list[list[float] | None]]:
     """The Linears this package keeps FP32 under int8, measured on the eager FP32 module (loaded for this only) on
     `calibration` (default: the built-in requests), as the manifest records them, and the eager answers to the
@@ -282,9 +294,13 @@ def measure_int8_sensitivity(
     rounding = form if form in int8_sensitivity.ROUNDING_FORMS else "token"
     sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress, form=rounding)
     del eager
-    kept = int8_sensitivity.choose(sensitivity, target)
+    # `sensitive`: where the most harmful Linears go first, the block form (if the rest run per token) or FP32
+    if sensitive == "block" and form == "token":
+        kept, blocked = int8_sensitivity.choose_tiers(sensitivity, target)
+    else:
+        kept, blocked = int8_sensitivity.choose(sensitivity, target), []
     # calibration_parity: the finished int8 graph against these eager answers, filled in by the smoke phase
-    return {**int8_sensitivity.summary(sensitivity, kept, target), "calibration": calibration.source, "calibration_parity": None}, sensitivity.answers
+    return {**int8_sensitivity.summary(sensitivity, kept, target, blocked), "calibration": calibration.source, "calibration_parity": None}, sensitivity.answers
 
 
 def build_export_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:

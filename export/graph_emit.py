@@ -27,13 +27,15 @@ def emit_graph(
     quantized_towers: tuple[str, ...] = (),
     int8_activations: str = "token",
     int8_kept: frozenset[str] = frozenset(),
+    int8_blocked: frozenset[str] = frozenset(),
 ) -> tuple[onnx.ModelProto, dict]:
     """Quantize the graph's MatMuls for int8 (each weight quantized when it is written), stream its
     weights into `data_file` (or point them at the main graph's, where `reuse` has them), apply the graph
     passes, and save it as `file`. Returns the graph (external references) and weight counts. Under int8 only
-    the `quantized_towers` (the family's ExportSpec) are quantized, less the fixed rule's and `int8_kept`'s weights."""
+    the `quantized_towers` (the family's ExportSpec) are quantized, less the fixed rule's and `int8_kept`'s weights;
+    `int8_blocked`'s in the block form."""
     if dtype == "int8":
-        quantize_matmuls(traced, lambda name: stays_fp32(name, quantized_towers) or name in int8_kept, int8_activations)
+        quantize_matmuls(traced, lambda name: stays_fp32(name, quantized_towers) or name in int8_kept, int8_activations, int8_blocked.__contains__)
     proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=reuse)
     trim_contrib_outputs(proto)
     cast_mixed_rms_norms(proto)

@@ -17,7 +17,9 @@ quantized MatMuls is quantized once and shared by all of them (q, k and v read o
   0.35x per-tensor int8's (`/work/notes/nbits_bench.py`).
 Which MatMuls stay FP32: always the readout (outside the quantized towers) and the fixed rule below
 (`INT8_FP32_PROJECTIONS`); under `--int8-fp32 measured` (the default) also the ones the package's own first-order
-sensitivity names (`export.int8_sensitivity`), passed in through `keep_fp32`.
+sensitivity names (`export.int8_sensitivity`), passed in through `keep_fp32`. Under `--int8-sensitive block`,
+with per-token activations, the measurement first moves the most harmful MatMuls to the block form (`blocked`) and
+keeps FP32 only those for which that is not enough.
 The quantized weight is computed when the writer reaches it, from the package's tensor, so the exporter never
 holds more than one weight; the values are those of `quantize_dynamic`
 (`onnxruntime.quantization.quant_utils.quantize_data`, vectorized), which a test checks.
@@ -99,17 +101,17 @@ class _QuantizedWeight:
         return ir.tensor(scale)
 
 
-def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool], activations: str = "token") -> int:
+def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool], activations: str = "token", blocked: Callable[[str], bool] = lambda name: False) -> int:
     """Rewrite every FP32 MatMul whose weight is a package tensor (or its transpose) that `keep_fp32` does
-    not keep into a dynamic int8 MatMul (activations quantized per `token` or per `tensor`); returns how many
-    were rewritten."""
+    not keep into a dynamic int8 MatMul (activations quantized per `token`, per `tensor` or per `block`; the
+    weights `blocked` names in the block form whatever `activations` says); returns how many were rewritten."""
     if activations not in ACTIVATION_FORMS:
         raise ValueError(f"int8 activations are quantized per {' or per '.join(ACTIVATION_FORMS)}, not {activations!r}")
     graph = traced.model.graph
     constants = _Constants(graph)
     quantized_inputs: dict[int, tuple[ir.Value, ir.Value, ir.Value]] = {}
     weights: dict[int, tuple[ir.Value, ir.Value, ir.Value]] = {}
-    rewritten = 0
+    rewritten, contrib = 0, activations == "token"
     for node in list(graph):
         if node.op_type != "MatMul" or node.domain != "" or len(node.inputs) != 2:
             continue
@@ -122,18 +124,19 @@ def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool], acti
         if provenance[0] == "transpose" and provenance[2] != (1, 0):
             continue
         base = node.name or node.outputs[0].name
-        if activations == "block":
+        if activations == "block" or blocked(provenance[1]):
             if id(weight) not in weights:
                 weights[id(weight)] = _blocked_weight(traced, weight, provenance)
-            blocked = ir.Node(
+            nbits = ir.Node(
                 "com.microsoft", "MatMulNBits", [activation, *weights[id(weight)]],
                 [ir.AttrInt64("K", weight.shape[0]), ir.AttrInt64("N", weight.shape[1]), ir.AttrInt64("bits", 8),
                  ir.AttrInt64("block_size", NBITS_BLOCK), ir.AttrInt64("accuracy_level", NBITS_ACCURACY_LEVEL)],
                 name=f"{base}_blocked",
             )  # fmt: skip
-            blocked.outputs[0].name = f"{node.outputs[0].name}_blocked"
-            ir.convenience.replace_nodes_and_values(graph, node, [node], [blocked], [node.outputs[0]], [blocked.outputs[0]])
+            nbits.outputs[0].name = f"{node.outputs[0].name}_blocked"
+            ir.convenience.replace_nodes_and_values(graph, node, [node], [nbits], [node.outputs[0]], [nbits.outputs[0]])
             rewritten += 1
+            contrib = True
             continue
         new_nodes = []
         if id(activation) not in quantized_inputs:
@@ -166,7 +169,7 @@ def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool], acti
             new_nodes += [columns, result]
         ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [node.outputs[0]], [result.outputs[0]])
         rewritten += 1
-    if rewritten and activations in ("token", "block"):
+    if rewritten and contrib:
         graph.opset_imports.setdefault("com.microsoft", 1)
     for name, value in list(graph.initializers.items()):
         if not value.uses() and not value.is_graph_output():

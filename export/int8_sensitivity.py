@@ -97,6 +97,9 @@ class Sensitivity:
     macs: np.ndarray  # [linears] multiply-accumulates per token
     variance: np.ndarray  # [rows, linears] predicted variance of each row's margin from quantizing each Linear
     margins: np.ndarray  # [rows] |log p(top) - log p(runner-up)|
+    # [rows, linears] the same with the Linear in the `block` form (MatMulNBits), measured in the same pass under
+    # the `token` form: what moving a sensitive Linear there instead of FP32 leaves
+    block_variance: np.ndarray | None = None
     # every calibration question's eager answer (its probability per option), in the requests' order, near-ties
     # included: the reference the finished graph is checked against without running the eager model again
     answers: list[list[float] | None] = field(default_factory=list)
@@ -106,9 +109,13 @@ class Sensitivity:
         kept = set(kept)
         return self.spread_of(np.array([name not in kept for name in self.names], dtype=bool))
 
-    def spread_of(self, quantized: np.ndarray) -> np.ndarray:
-        """Each row's predicted sigma / |margin| with only the Linears the boolean mask `quantized` marks in int8."""
-        return np.sqrt(self.variance[:, quantized].sum(axis=1)) / self.margins
+    def spread_of(self, quantized: np.ndarray, blocked: np.ndarray | None = None) -> np.ndarray:
+        """Each row's predicted sigma / |margin| with only the Linears the boolean mask `quantized` marks in int8
+        (those `blocked` marks in the block form, the others in the measured form)."""
+        variance = self.variance[:, quantized].sum(axis=1)
+        if blocked is not None and blocked.any():
+            variance = variance + self.block_variance[:, blocked].sum(axis=1)
+        return np.sqrt(variance) / self.margins
 
 
 def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ...]) -> dict[str, torch.nn.Linear]:
@@ -139,6 +146,7 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
     for layer in linears.values():
         layer.weight.requires_grad_(True)  # so every Linear's output is in the autograd graph; no weight gradient is asked for
     rows: list[np.ndarray] = []
+    block_rows: list[np.ndarray] = []
     margins: list[float] = []
     answers: list[list[float] | None] = []
     bar = tqdm(total=sum(len(questions) for _, questions in requests), desc="calibration questions", unit="question", leave=False, disable=not progress)
@@ -158,7 +166,9 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
                         continue
                     target = (output.float() * torch.from_numpy(direction)).sum()
                     gradients = torch.autograd.grad(target, [captured[name][1] for name in names])
-                rows.append(np.array([_variance(captured[name][0].detach(), g, linears[name].weight.detach(), form) for name, g in zip(names, gradients)]))
+                variances = [_variances(captured[name][0].detach(), g, linears[name].weight.detach(), form) for name, g in zip(names, gradients)]
+                rows.append(np.array([variance for variance, _ in variances]))
+                block_rows.append(np.array([variance for _, variance in variances]))
                 margins.append(margin)
                 del output, gradients
     finally:
@@ -171,7 +181,7 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
     if not rows:
         raise ValueError("int8 calibration: every calibration answer is a near-tie; no margin to protect")
     macs = np.array([linears[key].weight.numel() for key in names], dtype=np.float64)
-    return Sensitivity(names, macs, np.stack(rows), np.array(margins), answers)
+    return Sensitivity(names, macs, np.stack(rows), np.array(margins), answers=answers, block_variance=np.stack(block_rows))
 
 
 def choose(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> list[str]:
@@ -187,16 +197,50 @@ def choose(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> list[str
     return kept
 
 
-def summary(sensitivity: Sensitivity, kept: list[str], target: float) -> dict:
+def choose_tiers(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> tuple[list[str], list[str]]:
+    """(kept FP32, moved to the block form): the most harmful Linears (greedily) move to the block form until every
+    row's predicted spread is at most `target` times its margin; where all of them in the block form still miss it,
+    the most harmful of those stay FP32 instead, and then every blocked Linear the target no longer needs goes back
+    to the measured form (least harmful first)."""
+    count = len(sensitivity.names)
+    quantized, blocked = np.ones(count, dtype=bool), np.zeros(count, dtype=bool)
+    harm = (sensitivity.variance / sensitivity.margins[:, None] ** 2).sum(axis=0)
+    block_harm = (sensitivity.block_variance / sensitivity.margins[:, None] ** 2).sum(axis=0)
+    order: list[int] = []
+    while (quantized & ~blocked).any() and sensitivity.spread_of(quantized & ~blocked, blocked).max() > target:
+        worst = int(np.argmax(np.where(quantized & ~blocked, harm, -1.0)))
+        blocked[worst] = True
+        order.append(worst)
+    kept: list[str] = []
+    while blocked.any() and sensitivity.spread_of(quantized & ~blocked, blocked).max() > target:
+        worst = int(np.argmax(np.where(blocked, block_harm, -1.0)))
+        blocked[worst], quantized[worst] = False, False
+        kept.append(sensitivity.names[worst])
+    for index in reversed(order):
+        if blocked[index]:
+            blocked[index] = False
+            if sensitivity.spread_of(quantized & ~blocked, blocked).max() > target:
+                blocked[index] = True
+    return kept, [sensitivity.names[index] for index in order if blocked[index]]
+
+
+def summary(sensitivity: Sensitivity, kept: list[str], target: float, blocked: list[str] = ()) -> dict:
     """What the manifest records of the choice."""
-    before, after = sensitivity.spread(), sensitivity.spread(kept)
+    before = sensitivity.spread()
+    blocked_mask = np.array([name in set(blocked) for name in sensitivity.names], dtype=bool)
     kept_set = set(kept)
-    share = float(sum(m for name, m in zip(sensitivity.names, sensitivity.macs) if name in kept_set) / sensitivity.macs.sum())
+    after = sensitivity.spread_of(np.array([name not in kept_set and not b for name, b in zip(sensitivity.names, blocked_mask)], dtype=bool), blocked_mask)
+
+    def share(names: set) -> float:
+        return round(float(sum(m for name, m in zip(sensitivity.names, sensitivity.macs) if name in names) / sensitivity.macs.sum()), 4)
+
     return {
         "target": target,
         "rows": len(sensitivity.margins),
         "kept": kept,
-        "kept_share_of_quantizable_macs": round(share, 4),
+        "kept_share_of_quantizable_macs": share(kept_set),
+        "blocked": list(blocked),  # moved to the block form (MatMulNBits) instead of FP32
+        "blocked_share_of_quantizable_macs": share(set(blocked)),
         "predicted_spread_all_int8": round(float(before.max()), 4),
         "predicted_spread_chosen": round(float(after.max()), 4),
         "answers": [
@@ -208,31 +252,33 @@ def summary(sensitivity: Sensitivity, kept: list[str], target: float) -> dict:
 
 def _rounding_error(values: torch.Tensor, block: int | None) -> torch.Tensor:
     """What symmetric int8 rounding adds to each row of a 2-D tensor: one step per row (max |row| / 127), or one
-    per row and block of `block` columns (a last partial block on its own), as the int8 graph rounds it."""
-    tiny = torch.finfo(torch.float32).tiny
+    per row and block of `block` columns (a last partial block padded with zeros), as the int8 graph rounds it."""
+    rows, columns = values.shape
     if block is None:
-        steps = (values.abs().amax(dim=1, keepdim=True) / QMAX).clamp_min(tiny)
+        grouped = values.unsqueeze(1)
     else:
-        columns = values.shape[1]
-        padded = torch.nn.functional.pad(values, (0, -columns % block))
-        steps = (padded.reshape(values.shape[0], -1, block).abs().amax(dim=2) / QMAX).clamp_min(tiny)
-        steps = steps.repeat_interleave(block, dim=1)[:, :columns]
-    return torch.round(values / steps).clamp(-QMAX, QMAX) * steps - values
+        padded = values if columns % block == 0 else torch.nn.functional.pad(values, (0, -columns % block))
+        grouped = padded.reshape(rows, -1, block)
+    steps = (grouped.abs().amax(dim=2, keepdim=True) / QMAX).clamp_min(torch.finfo(torch.float32).tiny)
+    error = torch.round(grouped / steps).clamp_(-QMAX, QMAX).mul_(steps).sub_(grouped)
+    return error.reshape(rows, -1)[:, :columns]
 
 
-def _variance(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, form: str = "token") -> float:
-    """The squared first-order change of the margin when one Linear runs in int8: its input x [.., tokens, in]
-    and its weight [out, in] rounded as the int8 `form` rounds them (`token`: x per token, the weight per output
-    channel; `block`: both per row and block of NBITS_BLOCK inputs), against the margin's gradient g at its output
-    [.., tokens, out]."""
+def _variances(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, form: str = "token") -> tuple[float, float]:
+    """The squared first-order change of the margin when one Linear runs in int8, in the `form` and in the `block`
+    form: its input x [.., tokens, in] and its weight [out, in] rounded as the graph rounds them (`token`: x per
+    token, the weight per output channel; `block`: both per row and block of NBITS_BLOCK inputs), against the
+    margin's gradient g at its output [.., tokens, out]."""
     x2 = x.reshape(-1, x.shape[-1]).float()
     g2 = g.reshape(-1, g.shape[-1]).float()
     w = weight.float()
-    block = NBITS_BLOCK if form == "block" else None
-    x_error, w_error = _rounding_error(x2, block), _rounding_error(w, block)
-    # <g, x_error W^T> + <g, x W_error^T> = <x_error, g W> + <W_error, g^T x>
-    change = (x_error * (g2 @ w)).sum(dtype=torch.float64) + (w_error * (g2.T @ x2)).sum(dtype=torch.float64)
-    return float(change) ** 2
+    through_weight, through_input = g2 @ w, g2.T @ x2
+    changes = []
+    for block in (NBITS_BLOCK if form == "block" else None, NBITS_BLOCK):
+        # <g, x_error W^T> + <g, x W_error^T> = <x_error, g W> + <W_error, g^T x>
+        change = (_rounding_error(x2, block) * through_weight).sum(dtype=torch.float64) + (_rounding_error(w, block) * through_input).sum(dtype=torch.float64)
+        changes.append(float(change) ** 2)
+    return changes[0], changes[1]
 
 
 def _margin_direction(family: Family, item: Any, row: np.ndarray, reference: list[float] | None) -> tuple[np.ndarray | None, float]:

@@ -121,15 +121,37 @@ def test_choice_keeps_the_most_harmful_linears_until_every_row_meets_the_target(
     assert [(a["predicted_change_all_int8"], a["predicted_change_chosen"]) for a in summary["answers"]] == [(round(math.sqrt(5), 5), 1.0), (1.0, 0.0)]
 
 
+def test_tiers_move_the_most_harmful_linears_to_the_block_form_before_fp32():
+    """Block form first, most harmful first; FP32 only where every Linear in the block form still misses the target,
+    and then the blocked Linears the target no longer needs go back to the per-token form."""
+    sensitivity = int8_sensitivity.Sensitivity(
+        names=["a", "b", "c"], macs=np.array([1.0, 1.0, 2.0]),
+        variance=np.array([[4.0, 1.0, 0.0], [0.0, 0.0, 1.0]]), margins=np.array([1.0, 0.5]),
+        block_variance=np.array([[1.0, 0.25, 0.0], [0.0, 0.0, 0.25]]),
+    )  # fmt: skip
+    assert int8_sensitivity.choose_tiers(sensitivity, target=100) == ([], [])
+    # a blocked: spreads sqrt(1 + 1) = 1.41 and 2 -> c blocked too: 1.41 and 1
+    assert int8_sensitivity.choose_tiers(sensitivity, target=1.5) == ([], ["a", "c"])
+    # all three blocked: 1.12 and 1 -> a FP32: 0.5 and 1 -> c FP32: 0.5 and 0; b back per token would make row 1
+    # sqrt(1) = 1 > 0.6: b stays blocked
+    assert int8_sensitivity.choose_tiers(sensitivity, target=0.6) == (["a", "c"], ["b"])
+    # all three blocked -> a FP32: 0.5 and 1 meet 1.0; b back per token: 1 and 1, still met; c back: row 2 is 2, not
+    kept, blocked = int8_sensitivity.choose_tiers(sensitivity, target=1.0)
+    assert (kept, blocked) == (["a"], ["c"])
+    summary = int8_sensitivity.summary(sensitivity, kept, 1.0, blocked)
+    assert summary["blocked"] == ["c"] and summary["blocked_share_of_quantizable_macs"] == 0.5 and summary["kept_share_of_quantizable_macs"] == 0.25
+    assert summary["predicted_spread_chosen"] == 1.0
+
+
 def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_path):
-    """The measured choice reaches the graph: each kept weight's MatMul stays FP32 (one int8 MatMul fewer than the
-    fixed rule's graph per kept weight), the manifest records the choice and the graph's answers to the calibration
-    questions, and the CLI flags select the rule and the target."""
+    """The measured choice reaches the graph: each blocked weight's MatMul is a MatMulNBits, each kept weight's
+    stays FP32 (one per-token int8 MatMul fewer than the fixed rule's graph per moved weight), the manifest records
+    the choice and the graph's answers to the calibration questions, and the CLI flags select the rule and the target."""
     rule = export_package(packages["d3"], tmp_path / "rule", dtype="int8", progress=False, smoke="off", int8_fp32="rule")
     assert rule["int8"]["fp32_choice"] == "rule" and rule["int8"]["measured"] is None
     result = subprocess.run(
         [sys.executable, "-m", "vllm_sr_runtime.cli", "export", str(packages["d3"]), "--out", str(tmp_path / "measured"),
-         "--dtype", "int8", "--int8-target", "0.5", "--smoke", "off", "--quiet"],
+         "--dtype", "int8", "--int8-target", "0.5", "--int8-sensitive", "block", "--smoke", "off", "--quiet"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -154,8 +176,12 @@ def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_
     assert checked["questions"] == 30 and checked["decisions_changed"] == changed
     assert checked["max_abs_diff"] == pytest.approx(worst, rel=1e-3, abs=1e-6)
     assert f"int8 graph on the calibration questions: {changed}/30 decisions changed" in result.stdout
-    fused = "com.microsoft::MatMulIntegerToFloat"
-    assert rule["op_counts"][fused] - manifest["op_counts"][fused] == len(measured["kept"])
+    # the harmful ones in the block form first (one MatMulNBits each), FP32 where that missed the target
+    fused, nbits = "com.microsoft::MatMulIntegerToFloat", "com.microsoft::MatMulNBits"
+    assert measured["blocked"] and not set(measured["blocked"]) & set(measured["kept"])
+    assert f"{len(measured['blocked'])} in the block form" in result.stdout
+    assert rule["op_counts"][fused] - manifest["op_counts"][fused] == len(measured["kept"]) + len(measured["blocked"])
+    assert manifest["op_counts"][nbits] == len(measured["blocked"]) and nbits not in rule["op_counts"]
     assert manifest["op_counts"]["ai.onnx::MatMul"] - rule["op_counts"]["ai.onnx::MatMul"] == len(measured["kept"])
     # the kept weights are in the graph as FP32 initializers, bit for bit the package's
     graph = onnx.load(str(tmp_path / "measured" / "model.onnx"))

@@ -12,13 +12,13 @@ INT8_FORMS = {
     "tensor": ("per tensor", "per output channel, symmetric"),
     "block": ("per token and block of 32 channels", "per output channel and block of 32 inputs, symmetric"),
 }
-INT8_FP32_CHOICES = ("measured", "rule")
+INT8_FP32_CHOICES = ("measured", "rule")  # which MatMuls stay FP32 beyond the fixed rule: measured per package, or none
 # where the measured choice moves the Linears int8 per token harms most: straight to FP32 (default), or first to the
 # block form (MatMulNBits), FP32 only where that is not enough. The block form is not the default: on d3-lite seed 0
 # (510 tokens, one bench run) it moved 17% of the multiply-adds out of FP32 (FP32 kept 24% -> 8%) and ran no faster
-# (1,981 ms against 1,975: its MatMulNBits ran those MACs only ~1.2x faster than FP32 MatMul in the graph), and on
-# seed 3 it changed 2/80 decisions on `parity --suite short` against 1/80 (86% FP32 + 6% blocked against 92% FP32)
-INT8_SENSITIVE_CHOICES = ("fp32", "block")  # which MatMuls stay FP32 beyond the fixed rule: measured per package, or none
+# (1,981 ms against 1,975: its MatMulNBits ran those MACs only ~1.2x faster than FP32 MatMul in the graph; parity
+# 0/80 both), and on seed 3 it changed 2/80 decisions on `parity --suite short` against 1/80 (86% FP32 + 6% blocked against 92% FP32)
+INT8_SENSITIVE_CHOICES = ("fp32", "block")
 # A decision flips when the margin moves by more than itself; keeping every row's predicted spread under a quarter
 # of its margin puts a flip 4 standard deviations away on the calibration rows, which leaves room for prompts
 # with smaller margins than theirs.

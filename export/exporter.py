@@ -273,7 +273,7 @@ def measure_int8_sensitivity(
     calibration: int8_sensitivity.Calibration | None = None,
     progress: bool = False,
     form: str = "token",
-    sensitive: str = "block",
+    sensitive: str = INT8_SENSITIVE_CHOICES[0],
 ) -> tuple[dict, list[list[float] | None]]:
     """The Linears this package keeps FP32 under int8, measured on the eager FP32 module (loaded for this only) on
     `calibration` (default: the built-in requests), as the manifest records them, and the eager answers to the
@@ -292,10 +292,11 @@ def measure_int8_sensitivity(
     # the per-tensor form is measured as per token: its single scale is data-wide, which a first-order model of
     # one calibration row at a time cannot see
     rounding = form if form in int8_sensitivity.ROUNDING_FORMS else "token"
-    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress, form=rounding)
-    del eager
     # `sensitive`: where the most harmful Linears go first, the block form (if the rest run per token) or FP32
-    if sensitive == "block" and form == "token":
+    tiers = sensitive == "block" and form == "token"
+    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress, form=rounding, tiers=tiers)
+    del eager
+    if tiers:
         kept, blocked = int8_sensitivity.choose_tiers(sensitivity, target)
     else:
         kept, blocked = int8_sensitivity.choose(sensitivity, target), []

@@ -84,23 +84,33 @@ def quantize_per_channel(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.
 
 
 @dataclass
-class _QuantizedWeight:
-    """One weight's int8 values and scales, computed once when the writer reaches the first of them."""
+class _LazyQuantized:
+    """One weight's quantized values and scales (`quantize` returns both), computed once when the writer reaches
+    the first of them; the values pass keeps the scales for the scales pass."""
 
-    load: Callable[[], np.ndarray]
-    axis: int  # the output-channel axis of what `load` returns
-    transpose: bool  # whether the MatMul reads the transpose of what `load` returns
+    quantize: Callable[[], tuple[np.ndarray, np.ndarray]]
     _scale: np.ndarray | None = field(default=None, repr=False)
 
     def values(self) -> ir.Tensor:
-        quantized, self._scale = quantize_per_channel(self.load(), self.axis)
-        return ir.tensor(np.ascontiguousarray(quantized.T) if self.transpose else quantized)
+        quantized, self._scale = self.quantize()
+        return ir.tensor(quantized)
 
     def scale(self) -> ir.Tensor:
         if self._scale is None:
-            _, self._scale = quantize_per_channel(self.load(), self.axis)
+            _, self._scale = self.quantize()
         scale, self._scale = self._scale, None
         return ir.tensor(scale)
+
+
+def _per_channel_of(load: Callable[[], np.ndarray], axis: int, transpose: bool) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """`quantize_per_channel` of what `load` returns (output channels on `axis`), its values transposed where the
+    MatMul reads the transpose."""
+
+    def quantize() -> tuple[np.ndarray, np.ndarray]:
+        quantized, scale = quantize_per_channel(load(), axis)
+        return (np.ascontiguousarray(quantized.T) if transpose else quantized), scale
+
+    return quantize
 
 
 def quantize_matmuls(traced: TracedGraph, keep_fp32: Callable[[str], bool], activations: str = "token", blocked: Callable[[str], bool] = lambda name: False) -> int:
@@ -236,10 +246,10 @@ def _quantized_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple) 
     rows, columns = weight.shape[0], weight.shape[1]
     source = traced.sources.get(name)
     if source is not None:  # read the package tensor as stored; a transposed one is quantized per row
-        quantized = _QuantizedWeight(lambda: source.load().detach().float().numpy(), 0 if kind == "transpose" else 1, kind == "transpose")
+        quantized = _LazyQuantized(_per_channel_of(lambda: source.load().detach().float().numpy(), 0 if kind == "transpose" else 1, kind == "transpose"))
     else:
         const = weight.const_value
-        quantized = _QuantizedWeight(lambda: const.numpy(), 1, False)
+        quantized = _LazyQuantized(_per_channel_of(lambda: const.numpy(), 1, False))
     key = (name, kind)
     q_value = ir.Value(
         name=f"{weight.name}_quantized", shape=ir.Shape([rows, columns]), type=ir.TensorType(ir.DataType.INT8),
@@ -284,24 +294,6 @@ def quantize_blocks(weight: np.ndarray, block: int = NBITS_BLOCK) -> tuple[np.nd
     return quantized, scales
 
 
-@dataclass
-class _BlockedWeight:
-    """One weight's MatMulNBits values and scales, computed once when the writer reaches the first of them."""
-
-    load: Callable[[], np.ndarray]  # the weight as [columns, inputs]
-    _scale: np.ndarray | None = field(default=None, repr=False)
-
-    def values(self) -> ir.Tensor:
-        quantized, self._scale = quantize_blocks(self.load())
-        return ir.tensor(quantized)
-
-    def scale(self) -> ir.Tensor:
-        if self._scale is None:
-            _, self._scale = quantize_blocks(self.load())
-        scale, self._scale = self._scale, None
-        return ir.tensor(scale)
-
-
 def _blocked_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple) -> tuple[ir.Value, ir.Value]:
     """The MatMulNBits weight and its per-block scales as lazy initializers with provenance."""
     kind, name = provenance[0], provenance[1]
@@ -313,7 +305,7 @@ def _blocked_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple) ->
     else:
         const = weight.const_value
         load = lambda: const.numpy().T  # noqa: E731
-    blocked = _BlockedWeight(load)
+    blocked = _LazyQuantized(lambda: quantize_blocks(load()))
     q_shape, s_shape = ir.Shape([columns, blocks, NBITS_BLOCK]), ir.Shape([columns, blocks])
     q_value = ir.Value(
         name=f"{weight.name}_blocked", shape=q_shape, type=ir.TensorType(ir.DataType.UINT8),

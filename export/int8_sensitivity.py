@@ -97,8 +97,8 @@ class Sensitivity:
     macs: np.ndarray  # [linears] multiply-accumulates per token
     variance: np.ndarray  # [rows, linears] predicted variance of each row's margin from quantizing each Linear
     margins: np.ndarray  # [rows] |log p(top) - log p(runner-up)|
-    # [rows, linears] the same with the Linear in the `block` form (MatMulNBits), measured in the same pass under
-    # the `token` form: what moving a sensitive Linear there instead of FP32 leaves
+    # [rows, linears] the same with the Linear in the `block` form (MatMulNBits), measured in the same pass where
+    # asked (`measure(tiers=True)`): what moving a sensitive Linear there instead of FP32 leaves
     block_variance: np.ndarray | None = None
     # every calibration question's eager answer (its probability per option), in the requests' order, near-ties
     # included: the reference the finished graph is checked against without running the eager model again
@@ -127,11 +127,13 @@ def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ..
     }
 
 
-def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False, form: str = "token") -> Sensitivity:
+def measure(
+    family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False, form: str = "token", tiers: bool = False
+) -> Sensitivity:
     """First-order int8 sensitivity of every quantizable Linear of the eager FP32 `module`, on every answer row
     of `requests` ((state, questions) pairs) that is not a near-tie, with the rounding of the int8 `form` (`token`
-    or `block`); `progress`: a bar over the questions (each costs one forward and one backward pass: ~12 s at
-    0.75B parameters on 2 cores)."""
+    or `block`), and with `tiers` that of the block form too (`block_variance`, for `choose_tiers`); `progress`: a
+    bar over the questions (each costs one forward and one backward pass: ~12 s at 0.75B parameters on 2 cores)."""
     if form not in ROUNDING_FORMS:
         raise ValueError(f"int8 sensitivity is measured for the {' or '.join(ROUNDING_FORMS)} forms, not {form!r}")
     linears = quantizable_linears(module, family.export_spec.quantized_towers)
@@ -166,9 +168,11 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
                         continue
                     target = (output.float() * torch.from_numpy(direction)).sum()
                     gradients = torch.autograd.grad(target, [captured[name][1] for name in names])
-                variances = [_variances(captured[name][0].detach(), g, linears[name].weight.detach(), form) for name, g in zip(names, gradients)]
-                rows.append(np.array([variance for variance, _ in variances]))
-                block_rows.append(np.array([variance for _, variance in variances]))
+                forms = (form, "block") if tiers else (form,)
+                variances = np.array([_variances(captured[name][0].detach(), g, linears[name].weight.detach(), forms) for name, g in zip(names, gradients)])
+                rows.append(variances[:, 0])
+                if tiers:
+                    block_rows.append(variances[:, 1])
                 margins.append(margin)
                 del output, gradients
     finally:
@@ -181,7 +185,7 @@ def measure(family: Family, module: torch.nn.Module, requests: list[tuple[Any, d
     if not rows:
         raise ValueError("int8 calibration: every calibration answer is a near-tie; no margin to protect")
     macs = np.array([linears[key].weight.numel() for key in names], dtype=np.float64)
-    return Sensitivity(names, macs, np.stack(rows), np.array(margins), answers=answers, block_variance=np.stack(block_rows))
+    return Sensitivity(names, macs, np.stack(rows), np.array(margins), answers=answers, block_variance=np.stack(block_rows) if tiers else None)
 
 
 def choose(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> list[str]:
@@ -227,9 +231,10 @@ def choose_tiers(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> tu
 def summary(sensitivity: Sensitivity, kept: list[str], target: float, blocked: list[str] = ()) -> dict:
     """What the manifest records of the choice."""
     before = sensitivity.spread()
-    blocked_mask = np.array([name in set(blocked) for name in sensitivity.names], dtype=bool)
-    kept_set = set(kept)
-    after = sensitivity.spread_of(np.array([name not in kept_set and not b for name, b in zip(sensitivity.names, blocked_mask)], dtype=bool), blocked_mask)
+    kept_set, blocked_set = set(kept), set(blocked)
+    blocked_mask = np.array([name in blocked_set for name in sensitivity.names], dtype=bool)
+    quantized_mask = np.array([name not in kept_set for name in sensitivity.names], dtype=bool) & ~blocked_mask
+    after = sensitivity.spread_of(quantized_mask, blocked_mask)
 
     def share(names: set) -> float:
         return round(float(sum(m for name, m in zip(sensitivity.names, sensitivity.macs) if name in names) / sensitivity.macs.sum()), 4)
@@ -240,7 +245,7 @@ def summary(sensitivity: Sensitivity, kept: list[str], target: float, blocked: l
         "kept": kept,
         "kept_share_of_quantizable_macs": share(kept_set),
         "blocked": list(blocked),  # moved to the block form (MatMulNBits) instead of FP32
-        "blocked_share_of_quantizable_macs": share(set(blocked)),
+        "blocked_share_of_quantizable_macs": share(blocked_set),
         "predicted_spread_all_int8": round(float(before.max()), 4),
         "predicted_spread_chosen": round(float(after.max()), 4),
         "answers": [
@@ -264,21 +269,22 @@ def _rounding_error(values: torch.Tensor, block: int | None) -> torch.Tensor:
     return error.reshape(rows, -1)[:, :columns]
 
 
-def _variances(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, form: str = "token") -> tuple[float, float]:
-    """The squared first-order change of the margin when one Linear runs in int8, in the `form` and in the `block`
-    form: its input x [.., tokens, in] and its weight [out, in] rounded as the graph rounds them (`token`: x per
-    token, the weight per output channel; `block`: both per row and block of NBITS_BLOCK inputs), against the
-    margin's gradient g at its output [.., tokens, out]."""
+def _variances(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, forms: tuple[str, ...] = ("token",)) -> list[float]:
+    """The squared first-order change of the margin when one Linear runs in int8, in each of the `forms`: its input
+    x [.., tokens, in] and its weight [out, in] rounded as the graph rounds them (`token`: x per token, the weight
+    per output channel; `block`: both per row and block of NBITS_BLOCK inputs), against the margin's gradient g at
+    its output [.., tokens, out]."""
     x2 = x.reshape(-1, x.shape[-1]).float()
     g2 = g.reshape(-1, g.shape[-1]).float()
     w = weight.float()
-    through_weight, through_input = g2 @ w, g2.T @ x2
+    through_weight, through_input = g2 @ w, g2.T @ x2  # shared by the forms
     changes = []
-    for block in (NBITS_BLOCK if form == "block" else None, NBITS_BLOCK):
+    for form in forms:
+        block = NBITS_BLOCK if form == "block" else None
         # <g, x_error W^T> + <g, x W_error^T> = <x_error, g W> + <W_error, g^T x>
         change = (_rounding_error(x2, block) * through_weight).sum(dtype=torch.float64) + (_rounding_error(w, block) * through_input).sum(dtype=torch.float64)
         changes.append(float(change) ** 2)
-    return changes[0], changes[1]
+    return changes
 
 
 def _margin_direction(family: Family, item: Any, row: np.ndarray, reference: list[float] | None) -> tuple[np.ndarray | None, float]:

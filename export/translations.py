@@ -17,6 +17,10 @@ def make_causal_conv1d_silu(channels: int, kernel: int):
 
     On ONNX Runtime's CPU EP this runs 2.6x faster than com.microsoft CausalConvWithState at 0.8B dims
     (6144 channels x 512 tokens: 10.9 vs 28.1 ms, transposes included), and every provider has Conv.
+    The transposes into and out of Conv's channels-first layout stay: CausalConvWithState's `channels_last` form,
+    which needs none, ran 5x slower than Transpose + Conv + SiLU + Transpose on the CPU EP (ORT 1.32, 2 cores,
+    [1, 510, 6144]: 25.9 vs 5.0 ms), and producing the projection channels-first (weights as the product's A,
+    token scales inside the int8 kernel) saved only 0.2-0.5 ms per layer.
     """
 
     def causal_conv1d_silu(x, weight):

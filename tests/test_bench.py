@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+
 from vllm_sr_runtime.export.exporter import export_package
 from server_harness import Server
 
@@ -44,6 +47,48 @@ def test_bench_forward(packages, tmp_path):
     assert {"MatMul", "LinearAttention", "Conv"} <= {row["op"] for row in ops}
     assert abs(sum(row["share"] for row in ops) - 1.0) < 1e-6 and all(row["ms_per_run"] >= 0 for row in ops)
     assert "exact" not in report["ort_profile"] and "ONNX Runtime time by op type" in result.stdout
+    profiled = report["ort_profile"]["max_speed"]
+    matmul = next(row for row in ops if row["op"] == "MatMul")  # products judged against their arithmetic's ceiling
+    assert matmul["ceiling"] == "fp32" and matmul["gop_per_run"] > 0
+    assert abs(matmul["gops"] - matmul["gop_per_run"] / (matmul["ms_per_run"] / 1000)) < 1e-6 * matmul["gops"]
+    assert abs(matmul["fraction_of_ceiling"] - matmul["gops"] / limits["fp32"]) < 1e-9
+    assert all("gops" not in row for row in ops if row["op"] in ("LinearAttention", "Conv", "Attention"))
+    products = [row for row in ops if "gops" in row]
+    assert abs(profiled["product_share"] - sum(row["share"] for row in products)) < 1e-9
+    same_request = next(r for r in rows if r["profile"] == "max_speed" and r["target_length"] == 400 and r["questions"] == 1)
+    assert profiled["ceiling"] == "fp32" and profiled["length"] == same_request["length"]
+    bound = same_request["gflop"] / (profiled["product_ms_per_run"] / 1000) / limits["fp32"]  # the row's work over the products' time
+    assert abs(profiled["bound"] - bound) < 1e-9 * bound and "with every other op free" in result.stdout
+
+
+@pytest.mark.parametrize("form", ["fp32", "int8"])
+def test_the_profile_counts_each_products_work_from_its_shapes(form, tmp_path):
+    """One product node of known shape, batched: the profile's operations per run are 2 x rows x inputs x columns."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vllm_sr_runtime.bench.ort_profile import profile_by_op
+
+    batch, m, k, n = 2, 48, 64, 40
+    rng = np.random.default_rng(0)
+    if form == "fp32":
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+        weights = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")]
+        feed = {"x": rng.standard_normal((batch, m, k)).astype(np.float32)}
+        x_type = TensorProto.FLOAT
+    else:
+        nodes = [helper.make_node("MatMulIntegerToFloat", ["x", "w", "a_scale", "w_scale"], ["y"], domain="com.microsoft")]
+        weights = [numpy_helper.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "w"),
+                   numpy_helper.from_array(np.array(0.02, np.float32), "a_scale"), numpy_helper.from_array(np.full(n, 0.01, np.float32), "w_scale")]  # fmt: skip
+        feed = {"x": rng.integers(0, 256, (batch, m, k)).astype(np.uint8)}
+        x_type = TensorProto.UINT8
+    graph = helper.make_graph(nodes, "product", [helper.make_tensor_value_info("x", x_type, [batch, m, k])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, m, n])], weights)
+    path = tmp_path / "product.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]), path)
+    rows = profile_by_op(path, feed, runs=2)
+    product = next(row for row in rows if "gops" in row)
+    assert product["op"] == nodes[0].op_type and product["ceiling"] == form
+    assert abs(product["gop_per_run"] - 2 * batch * m * k * n / 1e9) < 1e-15
 
 
 def test_bench_http(packages, tmp_path):

@@ -1,4 +1,6 @@
-"""Where an ONNX Runtime forward spends its time: ORT's per-node profiler, summed by op type."""
+"""Where an ONNX Runtime forward spends its time: ORT's per-node profiler, summed by op type, with the
+multiply-adds of every matrix-product node (from the shapes the profiler records) so each product op's
+throughput can be set against the machine's ceiling for its arithmetic."""
 
 from __future__ import annotations
 
@@ -9,6 +11,29 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+# Matrix-product ops whose first input is A [..., M, K] and whose output is [..., M, N] (no transposed A), so the
+# profiler's shapes give their work: 2 * M * N * K per batch. Which ceiling each is judged against.
+PRODUCT_CEILINGS = {
+    "MatMul": "fp32",
+    "MatMulIntegerToFloat": "int8",
+    "MatMulInteger": "int8",
+    "DynamicQuantizeMatMul": "int8",
+    "MatMulNBits": "int8",
+}
+
+
+def product_ops(op: str, args: dict) -> float | None:
+    """Arithmetic operations (2 per multiply-add) of one profiled product node; None for other ops or missing shapes."""
+    if op not in PRODUCT_CEILINGS:
+        return None
+    inputs, outputs = args.get("input_type_shape") or [], args.get("output_type_shape") or []
+    if not inputs or not outputs:
+        return None
+    a_shape, out_shape = next(iter(inputs[0].values())), next(iter(outputs[0].values()))
+    if not a_shape or not out_shape:
+        return None
+    return 2.0 * float(np.prod(out_shape)) * a_shape[-1]
 
 
 def profile_by_op(model_path: Path, inputs: dict[str, np.ndarray], runs: int = 3) -> list[dict]:
@@ -29,6 +54,7 @@ def profile_by_op(model_path: Path, inputs: dict[str, np.ndarray], runs: int = 3
     runs_seen = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
     warm_up_end = runs_seen[0][1] if len(runs_seen) > runs else -1
     totals: collections.Counter[str] = collections.Counter()
+    work: collections.Counter[str] = collections.Counter()
     nodes: dict[str, set[str]] = collections.defaultdict(set)
     for event in events:
         if event.get("ts", 0) <= warm_up_end:
@@ -37,14 +63,37 @@ def profile_by_op(model_path: Path, inputs: dict[str, np.ndarray], runs: int = 3
             op = event["args"]["op_name"]
             totals[op] += event["dur"]
             nodes[op].add(event["name"])
+            operations = product_ops(op, event["args"])
+            if operations is not None:
+                work[op] += operations
     overall = sum(totals.values()) or 1
-    return [
-        {"op": op, "ms_per_run": micros / runs / 1000, "share": micros / overall, "nodes": len(nodes[op])}
-        for op, micros in totals.most_common()
-    ]
+    rows = []
+    for op, micros in totals.most_common():
+        row = {"op": op, "ms_per_run": micros / runs / 1000, "share": micros / overall, "nodes": len(nodes[op])}
+        if op in work and micros > 0:
+            row["gop_per_run"] = work[op] / runs / 1e9
+            row["gops"] = work[op] / (micros / 1e6) / 1e9
+            row["ceiling"] = PRODUCT_CEILINGS[op]
+        rows.append(row)
+    return rows
+
+
+def judge_products(rows: list[dict], limits: dict[str, float]) -> dict:
+    """Each product row's fraction of the ceiling for its arithmetic (in place), and the graph's summary: the share
+    of its time in product ops, and the fraction of `ceiling` the whole graph would reach if every other op were
+    free (its product ops' work over their time)."""
+    products = [row for row in rows if "gops" in row]
+    for row in products:
+        row["fraction_of_ceiling"] = row["gops"] / limits[row["ceiling"]] if limits.get(row["ceiling"]) else None
+    product_ms = sum(row["ms_per_run"] for row in products)
+    return {"product_share": sum(row["share"] for row in products), "product_ms_per_run": product_ms}
 
 
 def print_profile(label: str, rows: list[dict], top: int = 12) -> None:
     print(f"ONNX Runtime time by op type ({label}):")
     for row in rows[:top]:
-        print(f"  {row['op']:<24} {row['ms_per_run']:9.1f} ms/run  {100 * row['share']:5.1f}%  {row['nodes']:4d} nodes")
+        line = f"  {row['op']:<24} {row['ms_per_run']:9.1f} ms/run  {100 * row['share']:5.1f}%  {row['nodes']:4d} nodes"
+        if row.get("fraction_of_ceiling") is not None:
+            unit = "GOP/s" if row["ceiling"] == "int8" else "GFLOP/s"
+            line += f"  {row['gops']:6.1f} {unit} = {row['fraction_of_ceiling']:.2f} of the {row['ceiling']} ceiling"
+        print(line)

@@ -73,10 +73,13 @@ def plot(rows: list[dict], out: Path) -> list[str]:
     return written
 
 
-def profile_graphs(models: dict, length: int) -> dict:
-    """Per-op-type time of every ONNX Runtime model at one prompt length (one question)."""
+def profile_graphs(models: dict, length: int, limits: dict[str, float]) -> dict:
+    """Per-op-type time of every ONNX Runtime model at one prompt length (one question); each matrix-product op's
+    throughput against the ceiling for its arithmetic, and `bound`: the fraction of the row's ceiling the graph
+    would reach if only its product ops took time (the forward's work as the rows count it, over their time)."""
+    from vllm_sr_runtime.bench.flops import ceiling_for, forward_flops
     from vllm_sr_runtime.bench.forward import request_of_length
-    from vllm_sr_runtime.bench.ort_profile import print_profile, profile_by_op
+    from vllm_sr_runtime.bench.ort_profile import judge_products, print_profile, profile_by_op
 
     profiles = {}
     for label, model in models.items():
@@ -84,9 +87,18 @@ def profile_graphs(models: dict, length: int) -> dict:
         if path is None or label.startswith("shared_context"):  # its main graph is max_speed's
             continue
         state, questions, tokens = request_of_length(model, length, 1)
-        rows = profile_by_op(path, model.plan(state, questions).batches[0].inputs)
-        profiles[label] = {"length": tokens, "ops": rows}
+        inputs = model.plan(state, questions).batches[0].inputs
+        rows = profile_by_op(path, inputs)
+        summary = judge_products(rows, limits)
+        ceiling = ceiling_for(getattr(model, "dtype", "fp32") or "fp32")
+        work = forward_flops(model.family.backbone_config(), int(inputs["input_ids"].shape[0]), int(inputs["input_ids"].shape[1]))
+        product_seconds = summary["product_ms_per_run"] / 1000
+        summary["ceiling"] = ceiling
+        summary["bound"] = work / product_seconds / 1e9 / limits[ceiling] if product_seconds > 0 and limits.get(ceiling) else None
+        profiles[label] = {"length": tokens, "ops": rows, **summary}
         print_profile(f"{label}, {tokens} tokens", rows)
+        if summary["bound"] is not None:
+            print(f"  matrix products: {100 * summary['product_share']:.1f}% of the time; with every other op free this graph would reach {summary['bound']:.2f} of the {ceiling} ceiling")
     return profiles
 
 
@@ -137,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         result["rows"] = run_forward(models, lengths, questions, args.repeats, limits, bar.update, media=args.media)
         bar.close()
         if args.ort_profile:
-            result["ort_profile"] = profile_graphs(models, max(lengths))
+            result["ort_profile"] = profile_graphs(models, max(lengths), limits)
     elif args.mode == "export":
         from vllm_sr_runtime.bench.export_run import print_export_table, run_export
 

@@ -52,7 +52,7 @@ def test_bench_forward(packages, tmp_path):
     assert matmul["ceiling"] == "fp32" and matmul["gop_per_run"] > 0
     assert abs(matmul["gops"] - matmul["gop_per_run"] / (matmul["ms_per_run"] / 1000)) < 1e-6 * matmul["gops"]
     assert abs(matmul["fraction_of_ceiling"] - matmul["gops"] / limits["fp32"]) < 1e-9
-    assert all("gops" not in row for row in ops if row["op"] in ("LinearAttention", "Conv", "Attention"))
+    assert all("gops" not in row for row in ops if row["op"] in ("LinearAttention", "Conv"))
     products = [row for row in ops if "gops" in row]
     assert abs(profiled["product_share"] - sum(row["share"] for row in products)) < 1e-9
     same_request = next(r for r in rows if r["profile"] == "max_speed" and r["target_length"] == 400 and r["questions"] == 1)
@@ -61,9 +61,10 @@ def test_bench_forward(packages, tmp_path):
     assert abs(profiled["bound"] - bound) < 1e-9 * bound and "with every other op free" in result.stdout
 
 
-@pytest.mark.parametrize("form", ["fp32", "int8"])
+@pytest.mark.parametrize("form", ["fp32", "int8", "attention"])
 def test_the_profile_counts_each_products_work_from_its_shapes(form, tmp_path):
-    """One product node of known shape, batched: the profile's operations per run are 2 x rows x inputs x columns."""
+    """One product node of known shape, batched: the profile's operations per run are 2 x rows x inputs x columns
+    (attention: Q K^T and the weights times V, every query head against every key, grouped key/value heads)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -71,6 +72,20 @@ def test_the_profile_counts_each_products_work_from_its_shapes(form, tmp_path):
 
     batch, m, k, n = 2, 48, 64, 40
     rng = np.random.default_rng(0)
+    if form == "attention":
+        heads, kv_heads, keys, key_dim, value_dim = 4, 2, 40, 32, 24
+        shapes = {"q": [batch, heads, m, key_dim], "k": [batch, kv_heads, keys, key_dim], "v": [batch, kv_heads, keys, value_dim]}
+        graph = helper.make_graph(
+            [helper.make_node("Attention", ["q", "k", "v"], ["y"])], "attention",
+            [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in shapes.items()],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        )  # fmt: skip
+        path = tmp_path / "attention.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), path)
+        rows = profile_by_op(path, {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}, runs=2)
+        product = next(row for row in rows if row["op"] == "Attention")
+        assert product["ceiling"] == "fp32" and abs(product["gop_per_run"] - 2 * batch * heads * m * keys * (key_dim + value_dim) / 1e9) < 1e-15
+        return
     if form == "fp32":
         nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
         weights = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")]

@@ -12,14 +12,17 @@ from pathlib import Path
 
 import numpy as np
 
-# Matrix-product ops whose first input is A [..., M, K] and whose output is [..., M, N] (no transposed A), so the
-# profiler's shapes give their work: 2 * M * N * K per batch. Which ceiling each is judged against.
+# Matrix-product ops and the ceiling each is judged against. The MatMul family reads A [..., M, K] and writes
+# [..., M, N] (no transposed A), so the profiler's shapes give its work: 2 * M * N * K per batch. Attention (ONNX's,
+# 4-D: Q [B, Hq, T, Dq], K [B, Hk, S, Dq], V [B, Hk, S, Dv]) is two products, Q K^T and the weights times V: every
+# query head against every key position, whatever the mask (ORT's CPU kernel computes them all).
 PRODUCT_CEILINGS = {
     "MatMul": "fp32",
     "MatMulIntegerToFloat": "int8",
     "MatMulInteger": "int8",
     "DynamicQuantizeMatMul": "int8",
     "MatMulNBits": "int8",
+    "Attention": "fp32",
 }
 
 
@@ -27,13 +30,16 @@ def product_ops(op: str, args: dict) -> float | None:
     """Arithmetic operations (2 per multiply-add) of one profiled product node; None for other ops or missing shapes."""
     if op not in PRODUCT_CEILINGS:
         return None
-    inputs, outputs = args.get("input_type_shape") or [], args.get("output_type_shape") or []
-    if not inputs or not outputs:
+    shapes = [next(iter(entry.values()), None) for entry in args.get("input_type_shape") or []]
+    outputs = [next(iter(entry.values()), None) for entry in args.get("output_type_shape") or []]
+    if op == "Attention":
+        if len(shapes) < 3 or not all(shape and len(shape) == 4 for shape in shapes[:3]):
+            return None
+        (batch, heads, queries, _), (_, _, keys, key_dim), value_dim = shapes[0], shapes[1], shapes[2][-1]
+        return 2.0 * batch * heads * queries * keys * (key_dim + value_dim)
+    if not shapes or not shapes[0] or not outputs or not outputs[0]:
         return None
-    a_shape, out_shape = next(iter(inputs[0].values())), next(iter(outputs[0].values()))
-    if not a_shape or not out_shape:
-        return None
-    return 2.0 * float(np.prod(out_shape)) * a_shape[-1]
+    return 2.0 * float(np.prod(outputs[0])) * shapes[0][-1]
 
 
 def profile_by_op(model_path: Path, inputs: dict[str, np.ndarray], runs: int = 3) -> list[dict]:

@@ -98,7 +98,7 @@ def profile_graphs(models: dict, length: int, limits: dict[str, float]) -> dict:
         profiles[label] = {"length": tokens, "ops": rows, **summary}
         print_profile(f"{label}, {tokens} tokens", rows)
         if summary["bound"] is not None:
-            print(f"  matrix products: {100 * summary['product_share']:.1f}% of the time; with every other op free this graph would reach {summary['bound']:.2f} of the {ceiling} ceiling")
+            print(f"  matrix products (attention included): {100 * summary['product_share']:.1f}% of the time; with every other op free this graph would reach {summary['bound']:.2f} of the {ceiling} ceiling")
     return profiles
 
 

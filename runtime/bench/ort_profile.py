@@ -85,9 +85,8 @@ def profile_by_op(model_path: Path, inputs: dict[str, np.ndarray], runs: int = 3
 
 
 def judge_products(rows: list[dict], limits: dict[str, float]) -> dict:
-    """Each product row's fraction of the ceiling for its arithmetic (in place), and the graph's summary: the share
-    of its time in product ops, and the fraction of `ceiling` the whole graph would reach if every other op were
-    free (its product ops' work over their time)."""
+    """Each product row's fraction of the ceiling for its arithmetic (in place); returns the share of the graph's
+    time in product ops and their milliseconds per run (what a bound with every other op free divides by)."""
     products = [row for row in rows if "gops" in row]
     for row in products:
         row["fraction_of_ceiling"] = row["gops"] / limits[row["ceiling"]] if limits.get(row["ceiling"]) else None

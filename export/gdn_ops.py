@@ -16,8 +16,9 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
 
 @torch.library.custom_op("vsr::causal_conv1d_silu", mutates_args=())
 def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Depthwise causal conv over [B, C, T] with kernel [C, K], no bias, then SiLU."""
-    return qwen3_5.causal_conv1d_fn(x, weight, None, activation="silu")
+    """Depthwise causal conv over channels-last [B, T, C] with kernel [C, K], no bias, then SiLU. Channels-last as
+    the projection writes it and the recurrence reads it: the graph's translation meets both without layout passes."""
+    return qwen3_5.causal_conv1d_fn(x.transpose(1, 2), weight, None, activation="silu").transpose(1, 2).contiguous()
 
 
 @causal_conv1d_silu.register_fake
@@ -62,13 +63,13 @@ def gdn_forward(self: qwen3_5.Qwen3_5GatedDeltaNet, hidden_states: torch.Tensor,
     """Qwen3_5GatedDeltaNet.forward for prefill, the conv and the recurrence as custom ops.
 
     With a cache (profile shared_context: one prefix pass, then suffix rows continuing it) the layer keeps
-    its own state on the cache object: the prefix's last K-1 conv inputs and its final recurrent state,
+    its own state on the cache object: the prefix's last K-1 conv inputs (channels-last) and its final recurrent state,
     both for one row, broadcast over the suffix rows (transformers' cache pads and copies in place, which
     does not trace with a dynamic prefix length).
     """
     hidden_states = qwen3_5.apply_mask_to_padding_states(hidden_states, attention_mask)
     batch_size, seq_len, _ = hidden_states.shape
-    mixed_qkv = self.in_proj_qkv(hidden_states).transpose(1, 2)
+    mixed_qkv = self.in_proj_qkv(hidden_states)  # [B, T, C]: the conv reads it channels-last
     z = self.in_proj_z(hidden_states).reshape(batch_size, seq_len, -1, self.head_v_dim)
     b = self.in_proj_b(hidden_states)
     a = self.in_proj_a(hidden_states)
@@ -81,13 +82,12 @@ def gdn_forward(self: qwen3_5.Qwen3_5GatedDeltaNet, hidden_states: torch.Tensor,
     if previous is None:
         conv_input = mixed_qkv
     else:
-        conv_input = torch.cat([previous[0].expand(batch_size, -1, -1), mixed_qkv], dim=-1)
-    mixed_qkv_out = causal_conv1d_silu(conv_input, weight)
+        conv_input = torch.cat([previous[0].expand(batch_size, -1, -1), mixed_qkv], dim=1)
+    mixed_qkv = causal_conv1d_silu(conv_input, weight)
     if previous is not None:
-        mixed_qkv_out = mixed_qkv_out[:, :, tail_length:]
+        mixed_qkv = mixed_qkv[:, tail_length:]
     if states is not None and previous is None:
-        conv_tail = F.pad(mixed_qkv, (tail_length, 0))[:, :, -tail_length:]  # zeros where the prefix is shorter
-    mixed_qkv = mixed_qkv_out.transpose(1, 2)
+        conv_tail = F.pad(conv_input, (0, 0, tail_length, 0))[:, -tail_length:]  # [1, K-1, C]; zeros where the prefix is shorter
     query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
     query = query.reshape(batch_size, seq_len, -1, self.head_k_dim)
     key = key.reshape(batch_size, seq_len, -1, self.head_k_dim)

@@ -29,6 +29,11 @@ def forward_flops(config, rows: int, tokens: int) -> float:
     return rows * (2 * per_token * tokens + attention)
 
 
+def batches_flops(config, batches) -> float:
+    """`forward_flops` of every pass of a plan (each batch's rows x its padded length)."""
+    return sum(forward_flops(config, int(b.inputs["input_ids"].shape[0]), int(b.inputs["input_ids"].shape[1])) for b in batches)
+
+
 GEMM_SHAPE = (512, 1024, 3584)  # rows x hidden x FFN width: a 512-token prompt through a 0.8B-class MLP
 
 

@@ -84,14 +84,16 @@ def profile_by_op(model_path: Path, inputs: dict[str, np.ndarray], runs: int = 3
     return rows
 
 
-def judge_products(rows: list[dict], limits: dict[str, float]) -> dict:
-    """Each product row's fraction of the ceiling for its arithmetic (in place); returns the share of the graph's
-    time in product ops and their milliseconds per run (what a bound with every other op free divides by)."""
+def judge_products(rows: list[dict], limits: dict[str, float], work: float, ceiling: str) -> dict:
+    """Each product row's fraction of the ceiling for its arithmetic (in place), and the graph's summary: the share of
+    its time in product ops, their milliseconds per run, and `bound`: the fraction of `ceiling` the graph would reach
+    doing `work` (operations per run, as the bench rows count them) if every other op took no time."""
     products = [row for row in rows if "gops" in row]
     for row in products:
         row["fraction_of_ceiling"] = row["gops"] / limits[row["ceiling"]] if limits.get(row["ceiling"]) else None
     product_ms = sum(row["ms_per_run"] for row in products)
-    return {"product_share": sum(row["share"] for row in products), "product_ms_per_run": product_ms}
+    bound = work / (product_ms / 1000) / 1e9 / limits[ceiling] if product_ms > 0 and limits.get(ceiling) else None
+    return {"product_share": sum(row["share"] for row in products), "product_ms_per_run": product_ms, "ceiling": ceiling, "bound": bound}
 
 
 def print_profile(label: str, rows: list[dict], top: int = 12) -> None:

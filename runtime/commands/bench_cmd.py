@@ -77,7 +77,7 @@ def profile_graphs(models: dict, length: int, limits: dict[str, float]) -> dict:
     """Per-op-type time of every ONNX Runtime model at one prompt length (one question); each matrix-product op's
     throughput against the ceiling for its arithmetic, and `bound`: the fraction of the row's ceiling the graph
     would reach if only its product ops took time (the forward's work as the rows count it, over their time)."""
-    from vllm_sr_runtime.bench.flops import ceiling_for, forward_flops
+    from vllm_sr_runtime.bench.flops import batches_flops, ceiling_for
     from vllm_sr_runtime.bench.forward import request_of_length
     from vllm_sr_runtime.bench.ort_profile import judge_products, print_profile, profile_by_op
 
@@ -87,14 +87,10 @@ def profile_graphs(models: dict, length: int, limits: dict[str, float]) -> dict:
         if path is None or label.startswith("shared_context"):  # its main graph is max_speed's
             continue
         state, questions, tokens = request_of_length(model, length, 1)
-        inputs = model.plan(state, questions).batches[0].inputs
-        rows = profile_by_op(path, inputs)
-        summary = judge_products(rows, limits)
+        batch = model.plan(state, questions).batches[0]
+        rows = profile_by_op(path, batch.inputs)
         ceiling = ceiling_for(getattr(model, "dtype", "fp32") or "fp32")
-        work = forward_flops(model.family.backbone_config(), int(inputs["input_ids"].shape[0]), int(inputs["input_ids"].shape[1]))
-        product_seconds = summary["product_ms_per_run"] / 1000
-        summary["ceiling"] = ceiling
-        summary["bound"] = work / product_seconds / 1e9 / limits[ceiling] if product_seconds > 0 and limits.get(ceiling) else None
+        summary = judge_products(rows, limits, batches_flops(model.family.backbone_config(), [batch]), ceiling)
         profiles[label] = {"length": tokens, "ops": rows, **summary}
         print_profile(f"{label}, {tokens} tokens", rows)
         if summary["bound"] is not None:

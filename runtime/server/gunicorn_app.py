@@ -20,9 +20,11 @@ def prepare_uds(path: str) -> str:
     """The socket's directory must be private (0700): created so, or refused when others can enter it."""
     socket_path = Path(path).absolute()
     parent = socket_path.parent
-    if not parent.exists():
+    try:
         parent.mkdir(parents=True, mode=0o700)
         os.chmod(parent, 0o700)
+    except FileExistsError:
+        pass  # there already, or made by a server starting beside this one (mkdir's mode is 0700 or tighter): checked below
     mode = stat.S_IMODE(parent.stat().st_mode)
     if mode & 0o077:
         raise InvalidRequest(f"--uds directory {parent} is accessible to other users (mode {mode:o}); use a 0700 directory")

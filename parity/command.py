@@ -23,6 +23,10 @@ def run(args: argparse.Namespace) -> int:
     common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
     reference = vllm_sr_runtime.load(args.model, profile=args.against, **common)
     candidate = vllm_sr_runtime.load(args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, **common)
+    if args.close_call_margin is not None:
+        if args.against != "exact":
+            raise ValueError("--close-call-margin answers close calls again with exact: compare --against exact")
+        candidate.confirm_close_calls(args.close_call_margin, reference.engine, reference.dtype)  # one eager model serves both
     noise = None
     if args.weight_noise:
         from vllm_sr_runtime.parity.weight_noise import perturb_like_int8
@@ -55,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         "candidate_dtype": candidate.dtype,
         "weight_noise": noise,  # --weight-noise: what was perturbed and by how much (None: the candidate as loaded)
         "shared_questions": candidate.shared_questions,  # shared_context: questions that really ran from a shared prefix
+        # --close-call-margin: the margin and how many of the candidate's computed answers exact gave again (its cost)
+        "close_calls": candidate.close_calls.describe() | {"reanswered": candidate.reanswered_questions, "answered": candidate.answered_questions}
+        if candidate.close_calls else None,
         "suite": args.suite,
         "gates": chosen,
         "gates_from_flags": {"max_changed_rate": args.max_changed_rate is not None, "max_abs_diff": args.max_abs_diff is not None},
@@ -69,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.profile == "shared_context":
         print(f"{candidate.shared_questions} of {summary['questions']} questions ran from a shared prefix")
+    if candidate.close_calls:
+        print(f"close calls (margin < {args.close_call_margin}): {candidate.reanswered_questions} of {candidate.answered_questions} answers given again by exact")
     for failure in failed:
         print(f"gate failed: {failure}", file=sys.stderr)
     return 3 if failed else 0
@@ -94,6 +103,11 @@ def register(sub) -> None:
     )  # fmt: skip
     parser.add_argument("--weight-noise-factor", type=float, default=1.0, help="--weight-noise: noise RMS as a multiple of int8's rounding error")
     parser.add_argument("--shared-min-tokens", type=int, default=DEFAULT_MIN_SAVED_TOKENS, help="shared_context: break-even, (questions - 1) x prefix tokens")
+    parser.add_argument(
+        "--close-call-margin", type=float, metavar="M",
+        help="the candidate answers again with exact every question whose top-two margin is below M, as `serve --close-call-margin` "
+        "does; parity.json records how many (close_calls)",
+    )  # fmt: skip
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -144,8 +145,11 @@ def provider_missing(device_kind: str) -> str | None:
     return None
 
 
-def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, clients: list[int], seconds: float, base_path: Path | None) -> list[dict]:
-    """Requests/s of a real `serve` (gunicorn, Unix socket) of the package under a profile."""
+def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, clients: list[int], seconds: float, base_path: Path | None, log_path: Path) -> list[dict]:
+    """Requests/s of a real `serve` (gunicorn, Unix socket) of the package under a profile; its log goes to log_path.
+
+    The socket lives in a private temporary folder (a socket path must stay short), removed afterwards.
+    """
     from vllm_sr_runtime.bench.http_load import UnixConnection, run_http
 
     folder = Path(tempfile.mkdtemp(prefix="vsr-selftest-"))
@@ -153,13 +157,13 @@ def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, 
     uds = str(folder / "serve.sock")
     command = [sys.executable, "-m", "vllm_sr_runtime.cli", "serve", str(package), "--profile", profile] + (["--artifact", str(artifact)] if artifact else [])
     command += ["--device", device, "--uds", uds, "--log-level", "warning"] + (["--base-path", str(base_path)] if base_path else [])
-    log = open(folder / "serve.log", "wb")
+    log = open(log_path, "wb")
     process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
     try:
         deadline = time.time() + 600
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"serve exited with {process.returncode}: {(folder / 'serve.log').read_text()[-2000:]}")
+                raise RuntimeError(f"serve exited with {process.returncode} (log: {log_path}): {log_path.read_text()[-2000:]}")
             try:
                 conn = UnixConnection(uds, timeout=5)
                 conn.request("GET", "/health")
@@ -172,9 +176,11 @@ def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, 
             time.sleep(0.3)
         return run_http(None, uds, clients, seconds, lambda: None)
     finally:
-        os.killpg(process.pid, 15)
-        process.wait(timeout=60)
+        if process.poll() is None:
+            os.killpg(process.pid, 15)
+            process.wait(timeout=60)
         log.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_selftest(options: SelftestOptions) -> dict:
@@ -242,7 +248,7 @@ def run_selftest(options: SelftestOptions) -> dict:
         log(f"{name}: serve {served[0]} ({served[1]}), {options.clients} clients")
         report["http"] = [
             {"profile": served[0], "dtype": served[1], "clients": row["concurrency"], "rps": row["rps"], "median_ms": row["median_ms"], "p99_ms": row["p99_ms"], "statuses": row["statuses"]}
-            for row in _serve_rps(package, served[0], served[2], device.name, options.clients, options.http_seconds, base)
+            for row in _serve_rps(package, served[0], served[2], device.name, options.clients, options.http_seconds, base, out / "serve.log")
         ]
         report["http_fixture"] = report["latency_fixture"] = name
     report["failed"] = [f"{row['fixture']} {row['profile']} {row['dtype']}: {failure}" for row in report["parity"] for failure in row["failed"]]

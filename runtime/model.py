@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_sr_runtime.close_calls import CloseCallCheck, engine_outputs
 from vllm_sr_runtime.defaults import DEFAULT_BATCH_TOKENS, DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.devices import Device, parse_device
 from vllm_sr_runtime.errors import InvalidRequest
@@ -26,6 +27,7 @@ class Response:
     input_tokens: int
     cache_hits: int = 0  # questions answered from the result cache
     cache_misses: int = 0  # questions computed while the cache was on
+    reanswered: int = 0  # close calls the reference answered again (a model loaded with close_call_margin)
 
 
 class DecisionModel:
@@ -43,6 +45,9 @@ class DecisionModel:
         self.shared_questions = 0  # questions answered through a shared pass (parity and metrics report it)
         self.result_cache = None  # a ResultCache (the server sets one per loaded model; None: every row is computed)
         self.golden: dict = {"status": "unchecked"}  # what replaying the golden answers found (vllm_sr_runtime.golden.verify_golden)
+        self.close_calls: CloseCallCheck | None = None  # answers with a top-two margin below its margin come from the reference
+        self.answered_questions = 0  # rows computed (not from the result cache)
+        self.reanswered_questions = 0  # of those, close calls the reference answered again
 
     @property
     def profile_spec(self):
@@ -102,23 +107,25 @@ class DecisionModel:
         else:
             batches = [batch for plan in plans for batch in plan.batches]
         produced = [dict(plan.errors) for plan in plans]
-        hits, misses = [0] * len(plans), [0] * len(plans)
+        hits, misses, reanswered = [0] * len(plans), [0] * len(plans), [0] * len(plans)
         profile = (plans[0].profile if plans else None) or self.profile
-        for item, answer, cached in self._run_passes(batches, on_batch, profile):
+        for item, answer, cached, by_reference in self._run_passes(batches, on_batch, profile):
             owner = owners[id(item)]
             produced[owner][item.question.id] = answer
             if cached is not None:
                 (hits if cached else misses)[owner] += 1
+            reanswered[owner] += by_reference
         return [
             Response(
                 answers={q.id: produced[index][q.id] for q in plan.questions}, input_tokens=plan.input_tokens,
-                cache_hits=hits[index], cache_misses=misses[index],
+                cache_hits=hits[index], cache_misses=misses[index], reanswered=reanswered[index],
             )  # fmt: skip
             for index, plan in enumerate(plans)
         ]
 
     def _run_passes(self, batches, on_batch, profile: str):
-        """(item, answer, from the cache: True | False | None when no cache applies) for every row. With a
+        """(item, answer, from the cache: True | False | None when no cache applies, answered again by the
+        reference) for every row. With a
         result cache, a pass whose rows are all cached is not run; a pass with any new row runs whole, so every
         computed answer comes from the pass it would have had anyway."""
         cache = self.result_cache
@@ -130,26 +137,27 @@ class DecisionModel:
                 if all(answer is not None for answer in cached):
                     cache.record(hits=len(cached))
                     for item, answer in zip(batch.items, cached):
-                        yield item, answer, True
+                        yield item, answer, True, False
                     continue
                 cache.record(misses=len(keys))
-            for index, (item, answer) in enumerate(self._run_pass(batch, on_batch)):
+            for index, (item, answer, by_reference) in enumerate(self._run_pass(batch, on_batch)):
                 if keys is not None:
                     cache.put(keys[index], answer)
-                yield item, answer, (False if keys is not None else None)
+                yield item, answer, (False if keys is not None else None), by_reference
 
-    def _run_pass(self, batch, on_batch):
-        if batch.media:
-            outputs = self.engine.forward_media(batch.inputs)
-        elif batch.shared:
-            outputs = self.engine.forward_shared(batch.inputs)
+    def _run_pass(self, batch, on_batch) -> list[tuple[Any, dict, bool]]:
+        outputs = engine_outputs(self.engine, batch)
+        if batch.shared:
             self.shared_questions += len(batch.items)
-        else:
-            outputs = self.engine.forward(batch.inputs)
+        answered = [(item, self._answer(item, row)) for item, row in zip(batch.items, outputs)]
+        confirmed = [(item, answer, False) for item, answer in answered]
+        if self.close_calls is not None:
+            confirmed = self.close_calls.confirm(self.family, batch, answered, self._answer)
+            self.reanswered_questions += sum(by_reference for _, _, by_reference in confirmed)
+        self.answered_questions += len(confirmed)
         if on_batch is not None:
             on_batch(batch)
-        for item, row in zip(batch.items, outputs):
-            yield item, self._answer(item, row)
+        return confirmed
 
     def ask_many(self, requests: list[tuple], budget_tokens: int = DEFAULT_BATCH_TOKENS) -> list[dict[str, dict]]:
         """Several (state, questions[, images, videos]) requests answered together, as concurrent requests are
@@ -182,10 +190,20 @@ class DecisionModel:
             "device": self.device.name,
             "dtype": self.dtype,
             "golden": self.golden["status"],
+            "close_calls": self.close_calls.describe() if self.close_calls else None,
             "plugins": self.plugins(),
         }
         card.update(self.family.card())
         return card
+
+    def confirm_close_calls(self, margin: float, reference: Any, reference_label: str) -> None:
+        """From now on, every answer whose top-two margin is below `margin` is answered again by `reference` (an
+        engine of the `exact` profile for this model's family and device)."""
+        if not 0.0 < margin <= 1.0:
+            raise InvalidRequest(f"close_call_margin must be in (0, 1], not {margin}")
+        if self.profile == "exact":
+            raise InvalidRequest("close_call_margin answers close calls again with profile exact: it applies to the other profiles")
+        self.close_calls = CloseCallCheck(margin, reference, reference_label, DEFAULT_BATCH_TOKENS)
 
     def plugins(self) -> dict[str, dict]:
         """The plugins this model runs on, each with the distribution that registers it."""
@@ -218,10 +236,20 @@ def load(
     offline: bool | None = None,
     base_path: str | os.PathLike | None = None,
     shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS,
+    close_call_margin: float | None = None,
 ) -> DecisionModel:
-    """Resolve and verify a package, build the profile's engine, return a model with `ask(state, questions)`."""
+    """Resolve and verify a package, build the profile's engine, return a model with `ask(state, questions)`.
+
+    `close_call_margin` (profiles other than exact): every answer whose top-two probability margin is below it is
+    answered again by the `exact` profile's engine, loaded beside the profile's (its memory too)."""
+    if close_call_margin is not None and profile == "exact":
+        raise InvalidRequest("close_call_margin answers close calls again with profile exact: it applies to the other profiles")
     target = parse_device(device)
     ref = resolve_package(package, revision, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     engine, dtype, engine_plugin = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
-    return DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens, engine_plugin=engine_plugin)
+    model = DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens, engine_plugin=engine_plugin)
+    if close_call_margin is not None:
+        reference, label, _ = build_engine("exact", family, target, cache_dir=cache_dir)
+        model.confirm_close_calls(close_call_margin, reference, label)
+    return model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -64,13 +65,17 @@ def test_selftest_on_cpu_reports_every_check_and_fails_on_a_dtype_the_device_can
 
 
 def test_selftest_serves_exact_when_no_artifact_runs(tmp_path):
-    """Every artifact dtype failed (bf16 has no CPU kernels): latency and throughput fall back to the eager profile."""
-    out = tmp_path / "selftest"
+    """Every artifact dtype failed (bf16 has no CPU kernels): latency and throughput fall back to the eager profile.
+    The served model's log is kept in --out; none of its folders is left in the temporary folder (the socket's is removed)."""
+    out, temporary = tmp_path / "selftest", tmp_path / "tmp"
+    temporary.mkdir()
     command = [
         sys.executable, "-m", "vllm_sr_runtime.cli", "selftest", "--device", "cpu", "--out", str(out), "--fixtures", "d3",
         "--dtypes", "bf16", "--lengths", "128", "--clients", "1", "--http-seconds", "1", "--questions", "4", "--repeats", "1", "--quiet",
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=os.environ | {"TMPDIR": str(temporary)})
+    assert [p.name for p in temporary.iterdir() if p.name.startswith(("vsr-", "vllm-sr-runtime"))] == []  # (torch and ORT keep caches there)
+    assert (out / "serve.log").is_file()
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads((out / "selftest.json").read_text())
     assert [row["dtype"] for row in report["parity"]] == ["bf16"] and report["parity"][0]["failed"]

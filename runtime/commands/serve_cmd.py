@@ -52,6 +52,11 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
             raise ValueError("--artifact needs exactly one model (use artifact: in --models for several)")
         specs[0].artifact = args.artifact
     check_names(specs)
+    if args.close_call_margin is not None:
+        if not 0.0 < args.close_call_margin <= 1.0:
+            raise ValueError(f"--close-call-margin must be in (0, 1], not {args.close_call_margin}")
+        if all((spec.profile or args.profile) == "exact" for spec in specs):
+            raise ValueError("--close-call-margin answers close calls again with profile exact: serve another profile (e.g. --profile max_speed)")
     return ServeConfig(
         models=specs,
         device=args.device,
@@ -68,6 +73,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         batch_window_ms=args.batch_window_ms,
         max_batch_tokens=args.max_batch_tokens,
         shared_min_tokens=args.shared_min_tokens,
+        close_call_margin=args.close_call_margin,
         allow_approximate_shared_context=args.allow_approximate_shared_context,
         media_url_allow=tuple(h.strip() for h in (args.media_url_allow or "").split(",") if h.strip()),
         media_url_allow_private=args.media_url_allow_private,
@@ -121,6 +127,12 @@ def register(sub) -> None:
     parser.add_argument(
         "--shared-min-tokens", type=int, default=ServeConfig.shared_min_tokens,
         help="shared_context: share a request's prefix only when (questions - 1) x prefix tokens reaches this",
+    )  # fmt: skip
+    parser.add_argument(
+        "--close-call-margin", type=float, default=None, metavar="M",
+        help="profiles other than exact: answer again with exact (loaded beside, its memory too) every question whose "
+        "top-two probability margin is below M, so a faster graph's rounding cannot turn a close call around "
+        "(meta.reanswered_questions and /metrics count them)",
     )  # fmt: skip
     parser.add_argument(
         "--allow-approximate-shared-context", action="store_true",

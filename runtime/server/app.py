@@ -176,7 +176,7 @@ class Server:
         """Wait for the request's answers (to its deadline) and build its payload; returns (payload, Server-Timing)."""
         slot, options, plan = call.slot, call.options, call.plan
         queue_s = forward_s = 0.0
-        cache_hits = 0
+        cache_hits = reanswered = 0
         if job is not None:
             finished = job.done.wait(timeout=max(0.0, call.deadline - time.monotonic()))
             queue_s, forward_s = job.queue_seconds, job.forward_seconds
@@ -184,7 +184,7 @@ class Server:
                 raise job.error
             if finished and job.response is not None:
                 answers, tokens = job.response.answers, job.response.input_tokens
-                cache_hits = job.response.cache_hits
+                cache_hits, reanswered = job.response.cache_hits, job.response.reanswered
             else:
                 answers = {q.id: plan.errors.get(q.id) or error_answer(q.type, "deadline_exceeded", f"not answered within {options['deadline_ms']} ms") for q in plan.questions}
                 tokens = 0
@@ -195,6 +195,8 @@ class Server:
         metrics.QUEUE_SECONDS.labels(**labels).observe(queue_s)
         metrics.FORWARD_SECONDS.labels(**labels).observe(forward_s)
         metrics.INPUT_TOKENS.labels(**labels).inc(tokens)
+        if reanswered:
+            metrics.CLOSE_CALLS.labels(**labels).inc(reanswered)
         for answer in answers.values():
             metrics.QUESTIONS.labels(**labels, type=answer["type"], outcome=answer.get("error", "answered")).inc()
         payload = {"model": slot.name, "answers": answers, "usage": {"input_tokens": tokens, "output_tokens": 0}}
@@ -204,7 +206,7 @@ class Server:
                 "revision": card.get("revision"), "model_sha256": card["model_sha256"], "profile": options["profile"],
                 "numerics": card["dtype"], "engine": card["engine"], "device": card["device"],
                 "queue_ms": round(queue_s * 1000, 3), "compute_ms": round(forward_s * 1000, 3),
-                "cached_questions": cache_hits,
+                "cached_questions": cache_hits, "reanswered_questions": reanswered,
             }  # fmt: skip
         timing = (
             f"parse;dur={(call.parsed - call.started) * 1000:.3f}, queue;dur={queue_s * 1000:.3f}, forward;dur={forward_s * 1000:.3f}"

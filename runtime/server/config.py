@@ -63,6 +63,7 @@ class ServeConfig:
     batch_window_ms: float = 2.0
     max_batch_tokens: int = DEFAULT_BATCH_TOKENS
     shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS
+    close_call_margin: float | None = None  # answers below this top-two margin come again from exact (profiles but exact)
     allow_approximate_shared_context: bool = False  # shared_context for models where it is not exact (non-causal)
     media_url_allow: tuple[str, ...] = ()  # hosts whose http(s) media URLs may be fetched; empty: none
     media_url_allow_private: bool = False

@@ -26,6 +26,9 @@ SHARED_PREFIX_TOKENS = Counter(f"{PREFIX}_shared_prefix_tokens", "Prefix tokens 
 QUEUE_DEPTH = Gauge(f"{PREFIX}_queue_depth", "Jobs waiting per model", ["model"], multiprocess_mode="livesum")
 BUNDLE_TASKS = Histogram(f"{PREFIX}_bundle_tasks", "Tasks per POST /v1/bundle", buckets=BUNDLE_TASK_BUCKETS)
 RESULT_CACHE = Counter(f"{PREFIX}_result_cache_questions", "Question rows looked up in the result cache", ["model", "outcome"])
+CLOSE_CALLS = Counter(
+    f"{PREFIX}_close_call_reanswers", "Questions whose close call the reference (exact) answered again (--close-call-margin)", ["model", "profile"]
+)
 LOAD_RETRIES = Counter(f"{PREFIX}_load_retries", "Model loads tried again after a transient failure", ["model"])
 READY = Gauge(f"{PREFIX}_ready", "1 when the model is ready in every live worker", ["model"], multiprocess_mode="livemin")
 MODEL_INFO = Gauge(

@@ -71,6 +71,7 @@ class ModelSlot:
             offline=self.config.offline or None,
             base_path=self.spec.base_path,
             shared_min_tokens=self.config.shared_min_tokens,
+            close_call_margin=self.config.close_call_margin if self.profile != "exact" else None,
         )
         if model.approximate_by_design and not self.config.allow_approximate_shared_context:
             raise ValueError(

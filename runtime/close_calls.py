@@ -1,0 +1,64 @@
+"""Close calls answered again by the reference: a fast engine's answer whose top-two margin is below a threshold is
+replaced by the reference engine's (profile `exact`) answer for the same row.
+
+Why it holds: a lower-precision graph can only turn a decision around where its own top-two margin is at most the
+sum of what it moved the two options; every answer it gives with a margin of at least `margin` keeps exact's choice
+wherever its error is below margin / 2, and every closer one comes from the reference itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from vllm_sr_runtime.families.answers import answer_distribution, top_margin
+from vllm_sr_runtime.families.base import Batch, Family
+
+
+def engine_outputs(engine: Any, batch: Batch) -> np.ndarray:
+    """The engine's output rows for a batch (the pass the batch's kind asks for)."""
+    if batch.media:
+        return engine.forward_media(batch.inputs)
+    if batch.shared:
+        return engine.forward_shared(batch.inputs)
+    return engine.forward(batch.inputs)
+
+
+@dataclass
+class CloseCallCheck:
+    margin: float  # answers whose top-two probability margin is below this are answered again
+    reference: Any  # the reference engine (the `exact` profile's, same family and device)
+    reference_label: str  # its numerics (e.g. fp32)
+    budget_tokens: int  # padded tokens per reference pass when close rows are packed anew
+
+    def is_close(self, answer: dict) -> bool:
+        """A close call, or an answer the fast engine could not give (non-finite scores): the reference answers it."""
+        if "error" in answer:
+            return answer["error"] == "invalid_model_output"
+        distribution = answer_distribution(answer)
+        return distribution is not None and top_margin(distribution) < self.margin
+
+    def confirm(self, family: Family, batch: Batch, answered: list[tuple[Any, dict]], answer: Callable[[Any, np.ndarray], dict]) -> list[tuple[Any, dict, bool]]:
+        """(item, answer, answered by the reference) for every row of a pass the fast engine answered.
+
+        Close rows are packed into full-prompt passes of their own (rows of a shared-prefix pass too: the reference
+        reads each whole prompt); a media pass (one request's rows with its images or videos) is run again whole and
+        only its close rows take the new answers."""
+        close = [index for index, (_, given) in enumerate(answered) if self.is_close(given)]
+        if not close:
+            return [(item, given, False) for item, given in answered]
+        again: dict[int, dict] = {}
+        if batch.media:
+            rows = engine_outputs(self.reference, batch)
+            again = {index: answer(answered[index][0], rows[index]) for index in close}
+        else:
+            position = {id(answered[index][0]): index for index in close}
+            for sub in family.pack([answered[index][0] for index in close], self.budget_tokens):
+                for item, row in zip(sub.items, engine_outputs(self.reference, sub)):
+                    again[position[id(item)]] = answer(item, row)
+        return [(item, again.get(index, given), index in again) for index, (item, given) in enumerate(answered)]
+
+    def describe(self) -> dict:
+        return {"margin": self.margin, "reference": f"exact ({self.reference_label})"}

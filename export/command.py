@@ -52,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
                 f"int8 graph on the calibration questions: {checked['decisions_changed']}/{checked['questions']} decisions changed "
                 f"({checked['decisions_changed_beyond_near_ties']} where exact chose by more than a near-tie), max |dp| {checked['max_abs_diff']:.3g}"
             )
+            if checked["close_call_margin"]:
+                print(
+                    f"close calls: a decision can change only where int8's top-two margin is at most 2 x its max |dp|; `serve --close-call-margin "
+                    f"{checked['close_call_margin']:.2g}` answers those (on traffic that int8 moves no more than the calibration questions) with exact"
+                )
         if not measured["calibration"].get("file"):
             print(
                 "int8 calibrated on the built-in requests (generic short questions of every type): the target protects answers as close "

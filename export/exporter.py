@@ -25,6 +25,7 @@ from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_
 from vllm_sr_runtime.export.static_graphs import check_cuda_kernels, static_sequence_lengths, write_static_graphs
 from vllm_sr_runtime.export.streaming import StreamedModule, trace
 from vllm_sr_runtime.accelerators import CUDA
+from vllm_sr_runtime.close_calls import margin_for
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.base import Family
@@ -197,6 +198,7 @@ def export_family(
                 golden = golden_answers(family, eager)
             if measured is not None and engine is not None:  # the int8 graph itself on the answers the choice protected (recorded, not gated)
                 measured["calibration_parity"] = graph_parity(family, engine, calibration.requests, calibration_answers)
+                measured["calibration_parity"]["close_call_margin"] = margin_for(measured["calibration_parity"]["max_abs_diff"])
             bar.update()
             context = ExportContext(
                 family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations, int8_kept=kept,

@@ -17,6 +17,14 @@ from vllm_sr_runtime.families.answers import answer_distribution, top_margin
 from vllm_sr_runtime.families.base import Batch, Family
 
 
+def margin_for(max_abs_diff: float) -> float | None:
+    """The margin below which every answer must come from the reference for no decision to change, given the
+    largest probability move a candidate makes (None: it moves nothing). A changed decision needs the candidate's
+    choice i over exact's j: p_c[i] - p_c[j] = (p_c[i] - p_e[i]) + (p_e[i] - p_e[j]) + (p_e[j] - p_c[j]) <= 2 x max |dp|,
+    and the candidate's top-two margin is at most that."""
+    return min(1.0, 2.0 * max_abs_diff) if max_abs_diff > 0 else None
+
+
 def engine_outputs(engine: Any, batch: Batch) -> np.ndarray:
     """The engine's output rows for a batch (the pass the batch's kind asks for)."""
     if batch.media:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import vllm_sr_runtime
+from vllm_sr_runtime.close_calls import margin_for
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.families.answers import answer_distribution, top_margin
 from vllm_sr_runtime.synthetic.writer import write_synthetic_package
@@ -57,6 +58,24 @@ def test_exactly_the_answers_below_the_margin_come_from_the_reference(packages, 
         assert same(answer, theirs[qid] if qid in close else own[qid]), qid
     assert response.reanswered == len(close)
     assert candidate.reanswered_questions == len(close) and candidate.answered_questions == 2 * len(QUESTIONS)
+
+
+def test_no_decision_changes_outside_the_margin_twice_the_largest_move():
+    """Random reference/candidate pairs: a changed decision always has a candidate margin below margin_for(max |dp|),
+    and the bound is tight (pairs close to it occur)."""
+    rng = np.random.default_rng(0)
+    closest = 0.0
+    for _ in range(20_000):
+        options = int(rng.integers(2, 6))
+        exact = rng.dirichlet(np.ones(options))
+        candidate = np.clip(exact + rng.normal(0, rng.choice([0.002, 0.02, 0.1]), options), 1e-6, None)
+        candidate /= candidate.sum()
+        moved = float(np.abs(candidate - exact).max())
+        if candidate.argmax() != exact.argmax():
+            assert top_margin(candidate.tolist()) < margin_for(moved)
+            closest = max(closest, top_margin(candidate.tolist()) / margin_for(moved))
+    assert closest > 0.5
+    assert margin_for(0.0) is None and margin_for(0.8) == 1.0
 
 
 def test_margins_outside_the_range_and_profile_exact_are_refused(packages):

@@ -176,6 +176,9 @@ def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_
     assert checked["questions"] == 30 and checked["decisions_changed"] == changed
     assert checked["max_abs_diff"] == pytest.approx(worst, rel=1e-3, abs=1e-6)
     assert f"int8 graph on the calibration questions: {changed}/30 decisions changed" in result.stdout
+    # the close-call margin that keeps every decision of those questions exact's: twice the largest move
+    assert checked["close_call_margin"] == pytest.approx(2 * worst, rel=1e-3, abs=1e-6)
+    assert f"serve --close-call-margin {checked['close_call_margin']:.2g}" in result.stdout
     # the harmful ones in the block form first (one MatMulNBits each), FP32 where that missed the target
     fused, nbits = "com.microsoft::MatMulIntegerToFloat", "com.microsoft::MatMulNBits"
     assert measured["blocked"] and not set(measured["blocked"]) & set(measured["kept"])

@@ -13,8 +13,17 @@ from typing import Any, Callable
 
 import numpy as np
 
+from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.families.answers import answer_distribution, top_margin
 from vllm_sr_runtime.families.base import Batch, Family
+
+
+def check_margin(margin: float, profile: str) -> None:
+    """Refuses a margin outside (0, 1] and profile exact (whose answers are the reference's already)."""
+    if not 0.0 < margin <= 1.0:
+        raise InvalidRequest(f"close_call_margin must be in (0, 1], not {margin}")
+    if profile == "exact":
+        raise InvalidRequest("close_call_margin answers close calls again with profile exact: it applies to the other profiles")
 
 
 def margin_for(max_abs_diff: float) -> float | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_sr_runtime.close_calls import CloseCallCheck, engine_outputs
+from vllm_sr_runtime.close_calls import CloseCallCheck, check_margin, engine_outputs
 from vllm_sr_runtime.defaults import DEFAULT_BATCH_TOKENS, DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.devices import Device, parse_device
 from vllm_sr_runtime.errors import InvalidRequest
@@ -199,10 +199,7 @@ class DecisionModel:
     def confirm_close_calls(self, margin: float, reference: Any, reference_label: str) -> None:
         """From now on, every answer whose top-two margin is below `margin` is answered again by `reference` (an
         engine of the `exact` profile for this model's family and device)."""
-        if not 0.0 < margin <= 1.0:
-            raise InvalidRequest(f"close_call_margin must be in (0, 1], not {margin}")
-        if self.profile == "exact":
-            raise InvalidRequest("close_call_margin answers close calls again with profile exact: it applies to the other profiles")
+        check_margin(margin, self.profile)
         self.close_calls = CloseCallCheck(margin, reference, reference_label, DEFAULT_BATCH_TOKENS)
 
     def plugins(self) -> dict[str, dict]:
@@ -242,8 +239,8 @@ def load(
 
     `close_call_margin` (profiles other than exact): every answer whose top-two probability margin is below it is
     answered again by the `exact` profile's engine, loaded beside the profile's (its memory too)."""
-    if close_call_margin is not None and profile == "exact":
-        raise InvalidRequest("close_call_margin answers close calls again with profile exact: it applies to the other profiles")
+    if close_call_margin is not None:
+        check_margin(close_call_margin, profile)  # before anything loads
     target = parse_device(device)
     ref = resolve_package(package, revision, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)

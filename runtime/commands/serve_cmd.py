@@ -53,6 +53,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         specs[0].artifact = args.artifact
     check_names(specs)
     if args.close_call_margin is not None:
+        # close_calls.check_margin's range, checked here without importing it: it reaches torch, which serve's master never imports
         if not 0.0 < args.close_call_margin <= 1.0:
             raise ValueError(f"--close-call-margin must be in (0, 1], not {args.close_call_margin}")
         if all((spec.profile or args.profile) == "exact" for spec in specs):

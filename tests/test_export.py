@@ -455,6 +455,35 @@ def test_second_open_loads_the_saved_optimized_graph(artifacts, packages, tmp_pa
     assert third.ask("Merge two sorted lists.", questions) == first.ask("Merge two sorted lists.", questions)
 
 
+@pytest.mark.parametrize("name", ["d2_qwen3", "d2_qwen3_5", "d3"])
+def test_cpu_sessions_run_full_attention_over_query_blocks_with_the_same_answers(artifacts, packages, monkeypatch, tmp_path, name):
+    """The CPU engine opens every graph with its full attention over query blocks (attention_blocks): with blocks of
+    16 queries every prompt here spans several, and the answers (main graph; shared_context graph where exported) are
+    the graph-as-exported's to the bit. The optimized-graph cache keeps the two forms apart."""
+    from vllm_sr_runtime.engines.onnxruntime import attention_blocks
+
+    artifact = artifacts[(name, "contrib")]
+    rewritable = attention_blocks.split_attention_queries(onnx.load(str(artifact / "model.onnx"), load_external_data=False), 16)
+    # every full-attention layer (2 of Qwen3's 2, 1 of the Decision 2.0 hybrid's 4, 2 of Decision 3.0's 8): the causal
+    # reading is in the mask's rows, which the blocks slice with their queries
+    assert rewritable == {"d2_qwen3": 2, "d2_qwen3_5": 1, "d3": 2}[name]
+    questions = {"q": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}, "n": {"type": "noul"}, "s": {"type": "score", "criteria": ["easy", "medium", "hard"]}}
+    state = {"user": "Merge two sorted lists and explain the running time. " * 6, "history": [1, 2, 3]}
+    profiles = ["max_speed", "shared_context"] if (name, "contrib") in WITH_SHARED else ["max_speed"]
+    cache = tmp_path / "cache"
+    answers = {}
+    for block in (16, None):
+        monkeypatch.setattr(attention_blocks, "ATTENTION_QUERY_BLOCK", block)
+        for profile in profiles:
+            model = vllm_sr_runtime.load(packages[name], profile=profile, artifact=artifact, cache_dir=cache, shared_min_tokens=1)
+            assert model.engine.attention_query_block == block
+            # each form its own cache entry: the blocked graph's is never opened for the other
+            assert model.engine.optimized_cache_use == ("stored" if profile == profiles[0] else "hit")
+            answers[(block, profile)] = model.ask(state, questions)
+    for profile in profiles:
+        assert answers[(16, profile)] == answers[(None, profile)]
+
+
 def test_artifact_records_its_smoke_and_where_the_export_went(artifacts):
     from vllm_sr_runtime.export.exporter import PHASES, SHARED_PHASES
 

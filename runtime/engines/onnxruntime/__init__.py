@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -53,6 +54,7 @@ class OrtEngine:
         self.media = None  # the vision and media text graphs (MediaGraphs), when attached
         self.optimized_cache: Path | None = None
         self.optimized_cache_use: str | None = None  # "hit" (opened the saved optimized graph), "stored", None
+        self.attention_query_block: int | None = None  # CPU: full attention runs over blocks of this many queries
 
     @classmethod
     def from_file(
@@ -64,34 +66,43 @@ class OrtEngine:
         output_name: str,
         optimized_cache: Path | None = None,
         buckets: dict | None = None,
+        attention_query_block: int | None | Literal["default"] = "default",
     ) -> "OrtEngine":
         """`buckets` (the manifest's, for graphs with static sequence lengths): one graph per length next to
-        `model_path`; on a GPU every graph is opened (compiled) now, on CPU each on first use."""
+        `model_path`; on a GPU every graph is opened (compiled) now, on CPU each on first use.
+        `attention_query_block`: on CPU, full attention runs over blocks of that many queries (attention_blocks;
+        None: as exported; "default": attention_blocks.ATTENTION_QUERY_BLOCK)."""
+        if attention_query_block == "default":
+            from vllm_sr_runtime.engines.onnxruntime import attention_blocks
+
+            attention_query_block = attention_blocks.ATTENTION_QUERY_BLOCK
+        block = attention_query_block if device_kind == "cpu" else None
         if buckets:
             from vllm_sr_runtime.engines.onnxruntime.static_lengths import StaticLengthSessions
 
             session = StaticLengthSessions(
-                model_path.parent, buckets, lambda path: open_session(path, device_kind, device_index, optimized_cache)[0]
+                model_path.parent, buckets, lambda path: open_session(path, device_kind, device_index, optimized_cache, block)[0]
             )
             if device_kind != "cpu":
                 session.open_all()
             use = None
         else:
-            session, use = open_session(model_path, device_kind, device_index, optimized_cache)
+            session, use = open_session(model_path, device_kind, device_index, optimized_cache, block)
         engine = cls(session, output_name, session.get_providers()[0], device_kind, device_index)
         engine.optimized_cache, engine.optimized_cache_use = optimized_cache, use
+        engine.attention_query_block = block
         return engine
 
     def attach_shared(self, model_path: Path) -> None:
         """Open the artifact's shared_context graph next to the main one (same provider and options)."""
-        self.shared_session, _ = open_session(model_path, self.device_kind, self.device_index, self.optimized_cache)
+        self.shared_session, _ = open_session(model_path, self.device_kind, self.device_index, self.optimized_cache, self.attention_query_block)
 
     def attach_media(self, vision_path: Path, text_path: Path, layout, modalities: tuple[tuple[str, str, str], ...]) -> None:
         """Open the artifact's vision graph and media text graph (requests with images/videos); `modalities`
         names each modality's (pixel input, grid input, feature input)."""
         from vllm_sr_runtime.engines.onnxruntime.media import MediaGraphs
 
-        vision, text = (open_session(path, self.device_kind, self.device_index, self.optimized_cache)[0] for path in (vision_path, text_path))
+        vision, text = (open_session(path, self.device_kind, self.device_index, self.optimized_cache, self.attention_query_block)[0] for path in (vision_path, text_path))
         self.media = MediaGraphs(vision, text, layout, self.output_name, modalities)
 
     @property
@@ -112,19 +123,27 @@ class OrtEngine:
         return _run(self.shared_session, self.output_name, inputs, self.buffers)
 
 
-def open_session(model_path: Path, device_kind: str, device_index: int | None, optimized_cache: Path | None = None):
+def open_session(
+    model_path: Path, device_kind: str, device_index: int | None, optimized_cache: Path | None = None, attention_query_block: int | None = None
+):
     """(session, cache use). With `optimized_cache` (CPU only: other providers' optimized graphs embed
-    device-specific nodes), the first open saves ORT's optimized graph there and later opens load it."""
+    device-specific nodes), the first open saves ORT's optimized graph there and later opens load it.
+    `attention_query_block`: full attention over blocks of that many queries (attention_blocks), where the graph
+    has Attention nodes it applies to."""
     import onnxruntime as ort
 
     from vllm_sr_runtime.engines.onnxruntime.optimized_cache import cache_key, cached_model, open_and_save
 
     spec = select_provider(device_kind, ort.get_available_providers())
     provider, options_for_provider = spec.name, spec.options(device_index)
+    graph, config = graph_source(model_path, attention_query_block)
 
-    def open_with(options, path: Path = model_path):
+    def open_with(options, path: Path | None = None):
+        source = str(path) if path is not None else graph
+        for key, value in (config.items() if path is None else ()):
+            options.add_session_config_entry(key, value)
         try:
-            session = ort.InferenceSession(str(path), sess_options=options, providers=[(provider, options_for_provider)])
+            session = ort.InferenceSession(source, sess_options=options, providers=[(provider, options_for_provider)])
         except Exception as exc:
             if device_kind != "cpu" and _looks_like_provider_failure(str(exc)):
                 raise provider_start_error(device_kind, [], str(exc).splitlines()[0][:300], provider=spec) from None
@@ -136,7 +155,7 @@ def open_session(model_path: Path, device_kind: str, device_index: int | None, o
     try:
         if optimized_cache is None or device_kind != "cpu":
             return open_with(session_options(device_kind)), None
-        key = cache_key(model_path, provider)
+        key = cache_key(model_path, provider, f"attention_query_block={attention_query_block}" if config else "")
         cached = cached_model(optimized_cache, key)
         if cached is not None:
             options = session_options(device_kind)
@@ -152,6 +171,21 @@ def open_session(model_path: Path, device_kind: str, device_index: int | None, o
         raise
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
         raise ArtifactError(f"ONNX Runtime cannot open {model_path} on {provider}: {exc}") from None
+
+
+def graph_source(model_path: Path, attention_query_block: int | None) -> tuple[str | bytes, dict[str, str]]:
+    """What ORT opens and the session config that needs: the file as exported, or (where the graph has full
+    attention the block applies to) the rewritten graph in memory, whose weights are still read beside the file."""
+    import onnx
+
+    from vllm_sr_runtime.engines.onnxruntime.attention_blocks import split_attention_queries
+
+    if not attention_query_block:
+        return str(model_path), {}
+    model = onnx.load(str(model_path), load_external_data=False)
+    if not split_attention_queries(model, attention_query_block):
+        return str(model_path), {}
+    return model.SerializeToString(), {"session.model_external_initializers_file_folder_path": str(Path(model_path).parent)}
 
 
 def _looks_like_provider_failure(message: str) -> bool:

@@ -28,8 +28,9 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def cache_key(model_path: Path, provider: str) -> str:
-    """The model file's and its data file's identity (size, mtime, name) + ORT version, provider and CPU."""
+def cache_key(model_path: Path, provider: str, rewrite: str = "") -> str:
+    """The model file's and its data file's identity (size, mtime, name) + ORT version, provider and CPU, and
+    the load-time rewrite applied to the graph, if any."""
     import onnxruntime as ort
 
     files = sorted(p for p in Path(model_path).parent.iterdir() if p.name.startswith(Path(model_path).name))
@@ -40,6 +41,8 @@ def cache_key(model_path: Path, provider: str) -> str:
         "provider": provider,
         "cpu": hashlib.sha256(_cpu_flags().encode()).hexdigest()[:16],
     }
+    if rewrite:
+        identity["rewrite"] = rewrite
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 

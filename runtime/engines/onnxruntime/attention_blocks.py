@@ -95,8 +95,6 @@ SHARED = "attention_blocks"
 
 
 def _add_shared_constants(graph: onnx.GraphProto, block: int) -> None:
-    if any(init.name == f"{SHARED}_block" for init in graph.initializer):
-        return
     ints = {"block": [block], "axis": [SEQUENCE_AXIS], "zero": [0], "minus_one": [-1], "pads_lead": [0] * 6, "pads_tail": [0]}
     graph.initializer.extend(helper.make_tensor(f"{SHARED}_{name}", TensorProto.INT64, [len(v)], v) for name, v in ints.items())
     graph.initializer.append(helper.make_tensor(f"{SHARED}_true", TensorProto.BOOL, [], [True]))

@@ -136,12 +136,15 @@ def open_session(
 
     spec = select_provider(device_kind, ort.get_available_providers())
     provider, options_for_provider = spec.name, spec.options(device_index)
-    graph, config = graph_source(model_path, attention_query_block)
 
     def open_with(options, path: Path | None = None):
-        source = str(path) if path is not None else graph
-        for key, value in (config.items() if path is None else ()):
-            options.add_session_config_entry(key, value)
+        """`path`: a saved optimized graph; None: the artifact's graph (rewritten here, so a cache hit never pays for it)."""
+        if path is None:
+            source, config = graph_source(model_path, attention_query_block)
+            for key, value in config.items():
+                options.add_session_config_entry(key, value)
+        else:
+            source = str(path)
         try:
             session = ort.InferenceSession(source, sess_options=options, providers=[(provider, options_for_provider)])
         except Exception as exc:
@@ -155,7 +158,7 @@ def open_session(
     try:
         if optimized_cache is None or device_kind != "cpu":
             return open_with(session_options(device_kind)), None
-        key = cache_key(model_path, provider, f"attention_query_block={attention_query_block}" if config else "")
+        key = cache_key(model_path, provider, f"attention_query_block={attention_query_block}" if attention_query_block else "")
         cached = cached_model(optimized_cache, key)
         if cached is not None:
             options = session_options(device_kind)

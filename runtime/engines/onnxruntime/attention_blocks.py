@@ -47,7 +47,7 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[list, int]]:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # graphs of domains onnx does not know keep what they declare
         inferred = model
-    values = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output, *model.graph.value_info]
+    values = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]  # inference keeps what was declared
     shapes = {}
     for value in values:
         tensor = value.type.tensor_type

@@ -71,14 +71,95 @@ def test_each_block_runs_at_most_block_queries():
     then = next(a.g for node in blocked.graph.node if node.op_type == "If" for a in node.attribute if a.name == "then_branch")
     loop = next(node for node in then.node if node.op_type == "Loop")
     body = next(a.g for a in loop.attribute if a.name == "body")
-    inner = next(node for node in body.node if node.op_type == "Attention")
-    assert {node.output[0] for node in body.node if node.op_type == "Slice"} == {inner.input[0], inner.input[3]}
+    sliced = {node.output[0]: node.input[0] for node in _nodes(body) if node.op_type == "Slice"}
+    inner = [node for node in _nodes(body) if node.op_type == "Attention"]
+    assert len(inner) == 2  # every key, or the keys the block attends to
+    for node in inner:
+        assert sliced[node.input[0]].endswith("padded_query")
+        mask = sliced[node.input[3]]
+        assert (sliced[mask] if mask in sliced else mask).endswith("padded_mask")
     length = 3 * BLOCK + 5
     rng = np.random.default_rng(1)
     feed = {name: rng.standard_normal((1, HEADS, length, SIZE)).astype(np.float32) for name in "qkv"}
     feed["mask"] = np.ones((1, 1, length, length), bool)
     blocks = session(_expose(blocked, loop.output[0])).run([loop.output[0]], feed)[0]
     assert blocks.shape == (4, 1, HEADS, BLOCK, SIZE)
+
+
+def _nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    found = []
+    for node in graph.node:
+        found.append(node)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                found += _nodes(attribute.g)
+    return found
+
+
+def causal_mask(batch: int, length: int, lengths: list[int]) -> np.ndarray:
+    """Decision 2.0's mask: each query attends to itself and the keys before it, none of a row's right padding."""
+    mask = np.tril(np.ones((length, length), bool))[None, None].repeat(batch, 0)
+    for row, real in enumerate(lengths):
+        mask[row, ..., real:] = False
+    return mask
+
+
+def blocked_and_whole(mask_type: int = TensorProto.BOOL) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+    model = attention_model(mask_type)
+    blocked = onnx.ModelProto()
+    blocked.CopyFrom(model)
+    assert split_attention_queries(blocked, BLOCK) == 1
+    onnx.checker.check_model(blocked)
+    return session(blocked), session(model)
+
+
+def test_blocks_under_a_causal_or_padded_mask_answer_as_the_op():
+    """Blocks that read only their attended keys: the op's numbers (up to the summation order) under a causal mask
+    with right padding, a left-padded full mask, and a mask whose row attends to nothing (that block reads every key,
+    as the op: equal bit for bit, whatever the op makes of such a row)."""
+    split, whole = blocked_and_whole()
+    rng = np.random.default_rng(2)
+    for length in (5, BLOCK + 1, 3 * BLOCK - 7, 3 * BLOCK):
+        feed = {name: rng.standard_normal((2, HEADS, length, SIZE)).astype(np.float32) for name in "qkv"}
+        left_padded = np.ones((2, 1, length, length), bool)
+        left_padded[..., : min(3, length - 1)] = False
+        empty_row = causal_mask(2, length, [length, length])
+        empty_row[1, 0, length - 1] = False
+        for name, mask in (("causal", causal_mask(2, length, [length, max(1, length - 4)])), ("left padded", left_padded), ("empty row", empty_row)):
+            expected, answered = (s.run(None, {**feed, "mask": mask})[0] for s in (whole, split))
+            if name == "empty row":
+                assert np.array_equal(answered, expected, equal_nan=True), (name, length)
+            else:
+                np.testing.assert_allclose(answered, expected, rtol=1e-6, atol=1e-6, err_msg=f"{name} {length}")
+
+
+def test_a_causal_block_reads_no_key_after_its_rows():
+    """A key that is not a number poisons every answer that reads it (0 x NaN is NaN), whatever the mask says: the op
+    reads every key for every query; the blocks before the key's own block do not read it."""
+    split, whole = blocked_and_whole()
+    length, poisoned = 4 * BLOCK - 5, 2 * BLOCK + 3  # the last block padded with rows that attend everywhere
+    rng = np.random.default_rng(3)
+    feed = {name: rng.standard_normal((1, HEADS, length, SIZE)).astype(np.float32) for name in "qkv"}
+    feed["v"][:, :, poisoned] = np.nan
+    feed["mask"] = causal_mask(1, length, [length])
+    assert np.isnan(whole.run(None, feed)[0]).all()
+    answered = split.run(None, feed)[0]
+    assert np.isfinite(answered[:, :, : 2 * BLOCK]).all()
+    assert np.isnan(answered[:, :, poisoned:]).all()
+    left_padded = np.ones((1, 1, length, length), bool)
+    left_padded[..., : poisoned + 1] = False  # every row masks the key: no block reads it, the padded rows' range aside
+    assert np.isfinite(split.run(None, {**feed, "mask": left_padded})[0]).all()
+
+
+def test_an_additive_mask_keeps_every_key():
+    """What an additive mask leaves out is a matter of magnitudes, not a flag: its blocks read every key."""
+    split, _ = blocked_and_whole(TensorProto.FLOAT)
+    length = 2 * BLOCK
+    rng = np.random.default_rng(4)
+    feed = {name: rng.standard_normal((1, HEADS, length, SIZE)).astype(np.float32) for name in "qkv"}
+    feed["v"][:, :, length - 1] = np.nan
+    feed["mask"] = np.where(causal_mask(1, length, [length]), 0.0, -np.inf).astype(np.float32)
+    assert np.isnan(split.run(None, feed)[0]).all()
 
 
 def _expose(model: onnx.ModelProto, name: str) -> onnx.ModelProto:

@@ -132,6 +132,7 @@ def open_session(
     has Attention nodes it applies to."""
     import onnxruntime as ort
 
+    from vllm_sr_runtime.engines.onnxruntime.attention_blocks import FORM as BLOCKS_FORM
     from vllm_sr_runtime.engines.onnxruntime.optimized_cache import cache_key, cached_model, open_and_save
 
     spec = select_provider(device_kind, ort.get_available_providers())
@@ -158,7 +159,7 @@ def open_session(
     try:
         if optimized_cache is None or device_kind != "cpu":
             return open_with(session_options(device_kind)), None
-        key = cache_key(model_path, provider, f"attention_query_block={attention_query_block}" if attention_query_block else "")
+        key = cache_key(model_path, provider, f"attention_query_block={attention_query_block},{BLOCKS_FORM}" if attention_query_block else "")
         cached = cached_model(optimized_cache, key)
         if cached is not None:
             options = session_options(device_kind)

@@ -6,7 +6,9 @@ rows), and at those sizes it runs below the GEMM speed it reaches on smaller blo
 only its own score row, so the same answer comes from running the op on blocks of query rows against all keys:
 the load-time rewrite below turns each eligible node into `If(T > block)`: a `Loop` over query blocks (queries
 and mask rows padded to whole blocks; the padded rows are dropped), else the node as exported. Numbers are the
-kernel's own (each block's rows go through the same kernel as before). Applied on CPU sessions only: other
+kernel's own (each block's rows go through the same kernel as before). Under a boolean mask each block reads only
+the keys its rows attend to (first to last): a causal graph's blocks skip the keys after them, half of attention's
+work at long prompts (Decision 2.0), and a padded batch skips the padding. Applied on CPU sessions only: other
 providers have kernels of their own (flash or memory-efficient attention), and the artifact stays as exported.
 """
 
@@ -17,6 +19,8 @@ from onnx import TensorProto, helper
 
 ATTENTION_QUERY_BLOCK = 512
 SEQUENCE_AXIS = 2  # 4-D Attention: [batch, heads, sequence, head size]
+KEY_AXIS = 3  # 4-D mask: [batch, heads or 1, queries, keys]
+FORM = "query-blocks/2"  # names the rewrite's form (optimized-graph cache keys): 2 = blocks read only their attended keys
 
 
 def split_attention_queries(model: onnx.ModelProto, block: int = ATTENTION_QUERY_BLOCK) -> int:
@@ -95,9 +99,25 @@ SHARED = "attention_blocks"
 
 
 def _add_shared_constants(graph: onnx.GraphProto, block: int) -> None:
-    ints = {"block": [block], "axis": [SEQUENCE_AXIS], "zero": [0], "minus_one": [-1], "pads_lead": [0] * 6, "pads_tail": [0]}
-    graph.initializer.extend(helper.make_tensor(f"{SHARED}_{name}", TensorProto.INT64, [len(v)], v) for name, v in ints.items())
-    graph.initializer.append(helper.make_tensor(f"{SHARED}_true", TensorProto.BOOL, [], [True]))
+    """The rewritten nodes' shared constants, those that some node (or subgraph node) reads."""
+    ints = {
+        "block": [block], "axis": [SEQUENCE_AXIS], "zero": [0], "one": [1], "minus_one": [-1], "pads_lead": [0] * 6, "pads_tail": [0],
+        "key_axis": [KEY_AXIS], "row_axes": [0, 1, SEQUENCE_AXIS],
+    }  # fmt: skip
+    constants = [helper.make_tensor(f"{SHARED}_{name}", TensorProto.INT64, [len(v)], v) for name, v in ints.items()]
+    constants.append(helper.make_tensor(f"{SHARED}_true", TensorProto.BOOL, [], [True]))
+    read = _names_read(graph)
+    graph.initializer.extend(constant for constant in constants if constant.name in read)
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                names |= _names_read(attribute.g)
+    return names
 
 
 def _blocked(node: onnx.NodeProto, index: int, element: int, mask_pad: onnx.TensorProto | None) -> list[onnx.NodeProto]:
@@ -118,9 +138,13 @@ def _blocked(node: onnx.NodeProto, index: int, element: int, mask_pad: onnx.Tens
     if mask:
         body_nodes.append(helper.make_node("Slice", [p("padded_mask"), p("start"), p("end"), s("axis")], [p("mask_block")]))
         block_inputs.append(p("mask_block"))
-    block_attention = helper.make_node("Attention", block_inputs, [p("block_output")], name=p("block_attention"))
-    block_attention.attribute.extend(attributes)
-    body_nodes += [block_attention, helper.make_node("Identity", [p("cond_in")], [p("cond_out")])]
+    if mask and mask_pad is not None and mask_pad.data_type == TensorProto.BOOL:
+        body_nodes += _attention_over_attended_keys(p, s, block_inputs, mask, attributes, element)
+    else:
+        block_attention = helper.make_node("Attention", block_inputs, [p("block_output")], name=p("block_attention"))
+        block_attention.attribute.extend(attributes)
+        body_nodes.append(block_attention)
+    body_nodes.append(helper.make_node("Identity", [p("cond_in")], [p("cond_out")]))
     body = helper.make_graph(
         body_nodes, p("body"),
         [helper.make_tensor_value_info(p("i"), TensorProto.INT64, []), helper.make_tensor_value_info(p("cond_in"), TensorProto.BOOL, [])],
@@ -161,3 +185,46 @@ def _blocked(node: onnx.NodeProto, index: int, element: int, mask_pad: onnx.Tens
         helper.make_node("Greater", [p("length"), s("block")], [p("over_one_block")]),
         helper.make_node("If", [p("over_one_block")], [output], name=node.name or p("if"), then_branch=then_branch, else_branch=else_branch),
     ]
+
+
+def _attention_over_attended_keys(p, s, block_inputs: list[str], mask: str, attributes: list, element: int) -> list[onnx.NodeProto]:
+    """The block's attention over the keys its boolean mask rows attend to: from the first key any of the block's
+    rows attends to, to the last. A causal mask's first blocks read only the keys before them (half of the prompt's
+    work on average); a batch padded on either side skips the padding its rows all mask. Masked keys add exactly
+    zero to a softmax, so only the summation order moves (a few units in the last place). The range comes from the
+    block's rows of the mask as given (not the padded rows, which attend everywhere); where one of them attends to no
+    key at all (the op's answer for that row is not a softmax over attended keys), or the range is every key, the
+    block reads every key, as the op did."""
+    query_block, key, value, mask_block = block_inputs
+    within = lambda name, source, axis: helper.make_node("Slice", [source, p("first"), p("past_last"), s(axis)], [p(name)])  # noqa: E731
+    nodes = [
+        helper.make_node("Slice", [mask, p("start"), p("end"), s("axis")], [p("mask_rows")]),
+        helper.make_node("Cast", [p("mask_rows")], [p("mask_bytes")], to=TensorProto.UINT8),
+        helper.make_node("ReduceMax", [p("mask_bytes"), s("key_axis")], [p("row_attends")], keepdims=0),
+        helper.make_node("ReduceMin", [p("row_attends")], [p("every_row_attends")], keepdims=0),
+        helper.make_node("ReduceMax", [p("mask_bytes"), s("row_axes")], [p("key_attended")], keepdims=0),
+        helper.make_node("ArgMax", [p("key_attended")], [p("first")], axis=0, keepdims=1),
+        helper.make_node("ArgMax", [p("key_attended")], [p("last")], axis=0, keepdims=1, select_last_index=1),
+        helper.make_node("Add", [p("last"), s("one")], [p("past_last")]),
+        helper.make_node("Shape", [key], [p("keys")], start=SEQUENCE_AXIS, end=SEQUENCE_AXIS + 1),
+        helper.make_node("Sub", [p("past_last"), p("first")], [p("attended")]),
+        helper.make_node("Less", [p("attended"), p("keys")], [p("fewer")]),
+        helper.make_node("Cast", [p("every_row_attends")], [p("no_empty_row")], to=TensorProto.BOOL),
+        helper.make_node("And", [p("fewer"), p("no_empty_row")], [p("trim")]),
+    ]
+    trimmed = helper.make_node("Attention", [query_block, p("key_trimmed"), p("value_trimmed"), p("mask_trimmed")], [p("trimmed_output")], name=p("trimmed_attention"))
+    trimmed.attribute.extend(attributes)
+    whole = helper.make_node("Attention", [query_block, key, value, mask_block], [p("every_key_output")], name=p("block_attention"))
+    whole.attribute.extend(attributes)
+    trim_branch = helper.make_graph(
+        [
+            within("key_trimmed", key, "axis"),
+            within("value_trimmed", value, "axis"),
+            within("mask_trimmed", mask_block, "key_axis"),
+            trimmed,
+        ],
+        p("attended_keys"), [], [helper.make_tensor_value_info(p("trimmed_output"), element, [None] * 4)],
+    )  # fmt: skip
+    every_branch = helper.make_graph([whole], p("every_key"), [], [helper.make_tensor_value_info(p("every_key_output"), element, [None] * 4)])
+    nodes.append(helper.make_node("If", [p("trim")], [p("block_output")], then_branch=trim_branch, else_branch=every_branch))
+    return nodes

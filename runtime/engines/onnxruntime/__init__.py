@@ -133,7 +133,7 @@ def open_session(
     import onnxruntime as ort
 
     from vllm_sr_runtime.engines.onnxruntime.attention_blocks import FORM as BLOCKS_FORM
-    from vllm_sr_runtime.engines.onnxruntime.optimized_cache import cache_key, cached_model, open_and_save
+    from vllm_sr_runtime.engines.onnxruntime.optimized_cache import cached_model, entry_identity, key_of, open_and_save
 
     spec = select_provider(device_kind, ort.get_available_providers())
     provider, options_for_provider = spec.name, spec.options(device_index)
@@ -159,7 +159,8 @@ def open_session(
     try:
         if optimized_cache is None or device_kind != "cpu":
             return open_with(session_options(device_kind)), None
-        key = cache_key(model_path, provider, f"attention_query_block={attention_query_block},{BLOCKS_FORM}" if attention_query_block else "")
+        identity = entry_identity(model_path, provider, f"attention_query_block={attention_query_block},{BLOCKS_FORM}" if attention_query_block else "")
+        key = key_of(identity)
         cached = cached_model(optimized_cache, key)
         if cached is not None:
             options = session_options(device_kind)
@@ -170,7 +171,7 @@ def open_session(
                 import shutil
 
                 shutil.rmtree(cached.parent, ignore_errors=True)
-        return open_and_save(open_with, session_options(device_kind), optimized_cache, key), "stored"
+        return open_and_save(open_with, session_options(device_kind), optimized_cache, key, identity), "stored"
     except UnsupportedDeviceError:
         raise
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph types

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+import vllm_sr_runtime
 from vllm_sr_runtime.export.exporter import export_package
 from server_harness import Server
 
@@ -164,3 +165,19 @@ def test_bench_row_labels_tell_two_artifacts_of_one_dtype_apart():
     assert row_labels([("shared_context", "fp32", "/a/A"), ("shared_context", "int8", "/a/B")], 2) == ["shared_context-onnx-fp32", "shared_context-onnx-int8"]
     with pytest.raises(ValueError, match="distinct folders"):
         row_labels([("max_speed", "int8", "/a/A8"), ("max_speed", "int8", "/b/A8")], 2)
+
+
+@pytest.mark.parametrize("name", ["d2_qwen3", "d2_qwen3_5", "d3"])
+def test_causal_attention_counts_each_query_against_the_keys_up_to_it(packages, name):
+    """A causal model's full attention does T(T+1)/2 query-key pairs of work (what the CPU engine's blocks run), a
+    non-causal one T^2; the rest of the count is the same."""
+    from vllm_sr_runtime.bench.flops import forward_flops
+
+    family = vllm_sr_runtime.load(packages[name], profile="exact").family
+    config = family.backbone_config()
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    per_pair = 2 * 2 * config.num_attention_heads * config.head_dim * layer_types.count("full_attention")
+    rows, tokens = 3, 101
+    causal, full = forward_flops(config, rows, tokens, causal=True), forward_flops(config, rows, tokens)
+    assert full - causal == rows * per_pair * (tokens * tokens - tokens * (tokens + 1) / 2)
+    assert family.causal_attention == (name != "d3")  # the d3 fixture is non-causal, as the released packages

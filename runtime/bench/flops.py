@@ -7,9 +7,12 @@ import time
 import numpy as np
 
 
-def forward_flops(config, rows: int, tokens: int) -> float:
+def forward_flops(config, rows: int, tokens: int, causal: bool = False) -> float:
     """2 x (linear parameters) per token, plus attention's QK^T and AV on full-attention layers and the
-    Gated DeltaNet recurrence (state update and read, ~6 x dk x dv per head and token)."""
+    Gated DeltaNet recurrence (state update and read, ~6 x dk x dv per head and token). `causal`: each query
+    attends to itself and the keys before it, T(T+1)/2 query-key pairs (the work a kernel that skips masked keys
+    does, as the CPU engine's query blocks do), not T^2."""
+    pairs = tokens * (tokens + 1) / 2 if causal else tokens * tokens
     hidden, ffn = config.hidden_size, config.intermediate_size
     layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     heads, kv, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -20,7 +23,7 @@ def forward_flops(config, rows: int, tokens: int) -> float:
         if kind == "full_attention":
             q_width = heads * head_dim * (2 if getattr(config, "model_type", "") == "qwen3_5_text" else 1)
             per_token += hidden * (q_width + 2 * kv * head_dim) + heads * head_dim * hidden
-            attention += 2 * 2 * tokens * tokens * heads * head_dim
+            attention += 2 * 2 * pairs * heads * head_dim
         else:
             key_dim = config.linear_key_head_dim * config.linear_num_key_heads
             value_dim = config.linear_value_head_dim * config.linear_num_value_heads
@@ -29,9 +32,9 @@ def forward_flops(config, rows: int, tokens: int) -> float:
     return rows * (2 * per_token * tokens + attention)
 
 
-def batches_flops(config, batches) -> float:
+def batches_flops(config, batches, causal: bool = False) -> float:
     """`forward_flops` of every pass of a plan (each batch's rows x its padded length)."""
-    return sum(forward_flops(config, int(b.inputs["input_ids"].shape[0]), int(b.inputs["input_ids"].shape[1])) for b in batches)
+    return sum(forward_flops(config, int(b.inputs["input_ids"].shape[0]), int(b.inputs["input_ids"].shape[1]), causal) for b in batches)
 
 
 GEMM_SHAPE = (512, 1024, 3584)  # rows x hidden x FFN width: a 512-token prompt through a 0.8B-class MLP

@@ -61,7 +61,7 @@ def run_forward(
             state, qs, tokens = request_of_length(reference, length, count, images, videos)
             plan = reference.plan(state, qs, images=images, videos=videos)
             padded = sum(int(b.inputs["input_ids"].shape[0]) * int(b.inputs["input_ids"].shape[1]) for b in plan.batches)
-            flops = batches_flops(config, plan.batches)
+            flops = batches_flops(config, plan.batches, reference.family.causal_attention)
             for model in models.values():  # warm-up
                 model.ask(state, qs, images, videos)
             samples: dict[str, list[float]] = {name: [] for name in models}

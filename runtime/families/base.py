@@ -234,11 +234,16 @@ class Family(ABC):
         return plan
 
     @property
+    def causal_attention(self) -> bool:
+        """Whether each token's full attention reads only itself and the tokens before it."""
+        return True
+
+    @property
     def shared_context_exact(self) -> bool:
         """Whether profile shared_context computes what the full rows compute. True for causal models (the
         prefix never sees the questions); a model whose attention reads the prompt both ways loses the
         prefix -> question direction when the prefix runs once."""
-        return True
+        return self.causal_attention
 
     def card(self) -> dict:
         package = self.package

@@ -201,7 +201,7 @@ class Decision3Family(Family):
         return self.package.attention_mode == "noncausal_full_attention"
 
     @property
-    def shared_context_exact(self) -> bool:
+    def causal_attention(self) -> bool:
         return not self.noncausal
 
     def backbone_config(self):

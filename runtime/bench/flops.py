@@ -32,8 +32,9 @@ def forward_flops(config, rows: int, tokens: int, causal: bool = False) -> float
     return rows * (2 * per_token * tokens + attention)
 
 
-def batches_flops(config, batches, causal: bool = False) -> float:
-    """`forward_flops` of every pass of a plan (each batch's rows x its padded length)."""
+def batches_flops(family, batches) -> float:
+    """`forward_flops` of every pass of a family's plan (each batch's rows x its padded length)."""
+    config, causal = family.backbone_config(), family.causal_attention
     return sum(forward_flops(config, int(b.inputs["input_ids"].shape[0]), int(b.inputs["input_ids"].shape[1]), causal) for b in batches)
 
 

@@ -54,14 +54,13 @@ def run_forward(
 
     images, videos = synthetic_media(media)
     reference = next(iter(models.values()))
-    config = reference.family.backbone_config()
     rows = []
     for length in lengths:
         for count in questions:
             state, qs, tokens = request_of_length(reference, length, count, images, videos)
             plan = reference.plan(state, qs, images=images, videos=videos)
             padded = sum(int(b.inputs["input_ids"].shape[0]) * int(b.inputs["input_ids"].shape[1]) for b in plan.batches)
-            flops = batches_flops(config, plan.batches, reference.family.causal_attention)
+            flops = batches_flops(reference.family, plan.batches)
             for model in models.values():  # warm-up
                 model.ask(state, qs, images, videos)
             samples: dict[str, list[float]] = {name: [] for name in models}

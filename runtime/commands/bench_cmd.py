@@ -90,7 +90,7 @@ def profile_graphs(models: dict, length: int, limits: dict[str, float]) -> dict:
         batch = model.plan(state, questions).batches[0]
         rows = profile_by_op(path, batch.inputs)
         ceiling = ceiling_for(getattr(model, "dtype", "fp32") or "fp32")
-        summary = judge_products(rows, limits, batches_flops(model.family.backbone_config(), [batch], model.family.causal_attention), ceiling)
+        summary = judge_products(rows, limits, batches_flops(model.family, [batch]), ceiling)
         profiles[label] = {"length": tokens, "ops": rows, **summary}
         print_profile(f"{label}, {tokens} tokens", rows)
         if summary["bound"] is not None:

@@ -138,12 +138,10 @@ def _blocked(node: onnx.NodeProto, index: int, element: int, mask_pad: onnx.Tens
     if mask:
         body_nodes.append(helper.make_node("Slice", [p("padded_mask"), p("start"), p("end"), s("axis")], [p("mask_block")]))
         block_inputs.append(p("mask_block"))
-    if mask and mask_pad is not None and mask_pad.data_type == TensorProto.BOOL:
+    if mask_pad is not None and mask_pad.data_type == TensorProto.BOOL:
         body_nodes += _attention_over_attended_keys(p, s, block_inputs, mask, attributes, element)
     else:
-        block_attention = helper.make_node("Attention", block_inputs, [p("block_output")], name=p("block_attention"))
-        block_attention.attribute.extend(attributes)
-        body_nodes.append(block_attention)
+        body_nodes.append(_attention(block_inputs, p("block_output"), p("block_attention"), attributes))
     body_nodes.append(helper.make_node("Identity", [p("cond_in")], [p("cond_out")]))
     body = helper.make_graph(
         body_nodes, p("body"),
@@ -177,8 +175,7 @@ def _blocked(node: onnx.NodeProto, index: int, element: int, mask_pad: onnx.Tens
         helper.make_node("Slice", [p("padded_output"), s("zero"), p("length"), s("axis")], [p("then_output")]),
     ]
     then_branch = helper.make_graph(blocked_nodes, p("blocked"), [], [helper.make_tensor_value_info(p("then_output"), element, [None] * 4)])
-    whole = helper.make_node("Attention", list(node.input[:4]), [p("else_output")], name=p("whole_attention"))
-    whole.attribute.extend(attributes)
+    whole = _attention(list(node.input[:4]), p("else_output"), p("whole_attention"), attributes)
     else_branch = helper.make_graph([whole], p("whole"), [], [helper.make_tensor_value_info(p("else_output"), element, [None] * 4)])
     return [
         helper.make_node("Shape", [query], [p("length")], start=SEQUENCE_AXIS, end=SEQUENCE_AXIS + 1),
@@ -212,10 +209,8 @@ def _attention_over_attended_keys(p, s, block_inputs: list[str], mask: str, attr
         helper.make_node("Cast", [p("every_row_attends")], [p("no_empty_row")], to=TensorProto.BOOL),
         helper.make_node("And", [p("fewer"), p("no_empty_row")], [p("trim")]),
     ]
-    trimmed = helper.make_node("Attention", [query_block, p("key_trimmed"), p("value_trimmed"), p("mask_trimmed")], [p("trimmed_output")], name=p("trimmed_attention"))
-    trimmed.attribute.extend(attributes)
-    whole = helper.make_node("Attention", [query_block, key, value, mask_block], [p("every_key_output")], name=p("block_attention"))
-    whole.attribute.extend(attributes)
+    trimmed = _attention([query_block, p("key_trimmed"), p("value_trimmed"), p("mask_trimmed")], p("trimmed_output"), p("trimmed_attention"), attributes)
+    whole = _attention(block_inputs, p("every_key_output"), p("block_attention"), attributes)
     trim_branch = helper.make_graph(
         [
             within("key_trimmed", key, "axis"),
@@ -228,3 +223,10 @@ def _attention_over_attended_keys(p, s, block_inputs: list[str], mask: str, attr
     every_branch = helper.make_graph([whole], p("every_key"), [], [helper.make_tensor_value_info(p("every_key_output"), element, [None] * 4)])
     nodes.append(helper.make_node("If", [p("trim")], [p("block_output")], then_branch=trim_branch, else_branch=every_branch))
     return nodes
+
+
+def _attention(inputs: list[str], output: str, name: str, attributes: list) -> onnx.NodeProto:
+    """An Attention node with the exported node's attributes (scale, softcap, ...)."""
+    node = helper.make_node("Attention", inputs, [output], name=name)
+    node.attribute.extend(attributes)
+    return node

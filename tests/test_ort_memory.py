@@ -16,7 +16,7 @@ pytest.importorskip("onnxruntime")
 # served-like sequence of lengths, each seen twice.
 CHILD = textwrap.dedent(
     """
-    import json, sys, tempfile
+    import json, sys
     from pathlib import Path
     import numpy as np, onnx
     from onnx import TensorProto, helper
@@ -28,7 +28,7 @@ CHILD = textwrap.dedent(
     constants = [helper.make_tensor(f"c{i}", TensorProto.FLOAT, [], [float(i + 1)]) for i in range(8)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", width])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], initializer=constants)
-    path = Path(tempfile.mkdtemp()) / "model.onnx"
+    path = Path(sys.argv[2]) / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
     engine = OrtEngine.from_file(path, output_name="y")
 
@@ -52,9 +52,9 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmRSS from /proc")
-def test_cpu_sessions_do_not_grow_with_each_repeated_prompt_length():
+def test_cpu_sessions_do_not_grow_with_each_repeated_prompt_length(tmp_path):
     sequence = "16,16,32,32,64,64,96,96,128,128"
-    done = subprocess.run([sys.executable, "-c", CHILD, sequence], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", CHILD, sequence, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     growth = json.loads(done.stdout.strip().splitlines()[-1])
     # ORT's memory pattern (one planned block per shape seen twice) roughly doubles this; without it the arena

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import vllm_sr_runtime
+from vllm_sr_runtime.bench.flops import GemmCeilings
 from vllm_sr_runtime.export.exporter import export_package
 from server_harness import Server
 
@@ -28,8 +29,11 @@ def test_bench_forward(packages, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((out / "bench.json").read_text())
     assert report["mode"] == "forward" and report["gemm_limit_gflops"] > 0 and report["machine"]["cpus_in_affinity"] >= 1
-    limits = report["gemm_limits"]  # both ceilings of the machine, same shape and threads
-    assert set(limits) == {"fp32", "int8"} and limits["fp32"] == report["gemm_limit_gflops"] and limits["int8"] > 0
+    limits, samples = report["gemm_limits"], report["gemm_limit_samples"]  # both ceilings, same shape and threads
+    assert set(limits) == set(samples) == {"fp32", "int8"} and limits["fp32"] == report["gemm_limit_gflops"] and limits["int8"] > 0
+    for kind in limits:  # one sample per round of repeats (2 lengths x 2 question counts x 2); the ceiling: the fastest
+        assert len(samples[kind]) == 2 * 2 * 2 and limits[kind] == max(samples[kind])
+        assert report["gemm_limit_spread"][kind] == pytest.approx(max(samples[kind]) / min(samples[kind]))
     rows = report["rows"]
     assert len(rows) == 2 * 2 * 2  # profiles x lengths x question counts
     for row in rows:
@@ -37,13 +41,13 @@ def test_bench_forward(packages, tmp_path):
         assert row["median_ms"] > 0 and row["p90_ms"] >= row["min_ms"] and row["concurrency"] == 1
         assert abs(row["gflops"] - row["gflop"] / (row["median_ms"] / 1000)) < 1e-6 * max(1.0, row["gflops"])
         assert row["ceiling"] == "fp32"  # exact and the fp32 artifact: the fp32 ceiling
-        assert abs(row["fraction_of_limit"] - row["gflops"] / limits[row["ceiling"]]) < 1e-9
+        assert row["limit"] == limits["fp32"] and abs(row["fraction_of_limit"] - row["gflops"] / row["limit"]) < 1e-9
     for row in rows:
         exact = next(r for r in rows if r["profile"] == "exact" and r["target_length"] == row["target_length"] and r["questions"] == row["questions"])
         assert abs(row["ratio_to_exact"] - exact["median_ms"] / row["median_ms"]) < 1e-9
         assert row["length"] <= row["target_length"] or row["length"] == min(r["length"] for r in rows)
     assert (out / "latency_vs_length.png").stat().st_size > 1000
-    assert "GEMM limit" in result.stdout and "int8 GEMM limit" in result.stdout
+    assert "GEMM limit" in result.stdout and "int8 GEMM limit" in result.stdout and "samples between the rows" in result.stdout
     ops = report["ort_profile"]["max_speed"]["ops"]  # where the graph's time goes, by op type
     assert {"MatMul", "LinearAttention", "Conv"} <= {row["op"] for row in ops}
     assert abs(sum(row["share"] for row in ops) - 1.0) < 1e-6 and all(row["ms_per_run"] >= 0 for row in ops)
@@ -145,6 +149,36 @@ def test_bench_export_reports_each_phase_and_the_whole_run(packages, tmp_path):
         assert rows["total"]["seconds"] >= rows["trace"]["seconds"] > 0 and rows["total"]["artifact_mb"] > 0
         assert rows["total"]["smoke"] is False  # bench measures the export itself unless asked
     assert "peak RSS MiB" in result.stdout
+
+
+class ScriptedCeilings(GemmCeilings):
+    """Ceiling samples from a script (a host whose GEMM speed halves for a while), no GEMM run."""
+
+    def __init__(self, script: list[float]):
+        self.script, self.samples = list(script), {"fp32": [], "int8": []}
+
+    def sample(self) -> dict[str, float]:
+        value = self.script.pop(0)
+        taken = {"fp32": value, "int8": 4 * value}
+        for kind, sample in taken.items():
+            self.samples[kind].append(sample)
+        return taken
+
+
+def test_every_row_is_judged_against_the_fastest_ceiling_sample_of_the_run(packages):
+    """A host whose GEMM runs at half speed for some samples: a row is not judged against a slow sample (which
+    would let it pass the ceiling), whichever round of repeats that sample fell in."""
+    from vllm_sr_runtime.bench.forward import run_forward
+
+    model = vllm_sr_runtime.load(packages["d3"], profile="exact")
+    ceilings = ScriptedCeilings([150.0, 160.0, 140.0, 300.0, 320.0, 150.0])  # one sample per round, slow ones among them
+    rows = run_forward({"exact": model}, [60, 120], [1], 3, ceilings, lambda: None)
+    assert ceilings.samples["fp32"] == [150.0, 160.0, 140.0, 300.0, 320.0, 150.0]  # one per round, after the models
+    for row in rows:
+        assert row["limit"] == 320.0 and row["fraction_of_limit"] == pytest.approx(row["gflops"] / 320.0)
+    assert ceilings.best() == {"fp32": 320.0, "int8": 1280.0} and ceilings.spread()["fp32"] == pytest.approx(320 / 140)
+    fixed = run_forward({"exact": model}, [60], [1], 2, {"fp32": 200.0}, lambda: None)[0]  # numbers given: used as they are
+    assert fixed["limit"] == 200.0 and fixed["fraction_of_limit"] == pytest.approx(fixed["gflops"] / 200.0)
 
 
 def test_each_dtype_is_judged_against_its_own_ceiling():

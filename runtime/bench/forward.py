@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_sr_runtime.bench.flops import batches_flops
+from vllm_sr_runtime.bench.flops import GemmCeilings, batches_flops
 
 FILLER = "The user asks about merging sorted lists, running time, and tests for edge cases. "
 
@@ -41,15 +41,17 @@ def request_of_length(model: Any, length: int, questions: int, images: Any = Non
 
 
 def run_forward(
-    models: dict[str, Any], lengths: list[int], questions: list[int], repeats: int, limits: dict[str, float] | float, progress, media: str = "none"
+    models: dict[str, Any], lengths: list[int], questions: list[int], repeats: int, limits: GemmCeilings | dict[str, float] | float, progress, media: str = "none"
 ) -> list[dict]:
     """With `media`, every request also carries a synthetic image and/or video; its rows' FLOPs count the
     text tower only (the vision tower's work is on top). Each row's fraction is of the ceiling its dtype
-    runs against (`limits`: {"fp32": GFLOP/s, "int8": GOP/s}; one number: fp32 for every row)."""
+    runs against (`limit`): `limits` as a `GemmCeilings` is sampled once per round of repeats, after the models, and
+    every row is judged against the fastest sample of the whole run; fixed numbers ({"fp32": GFLOP/s, "int8":
+    GOP/s}, or one number: fp32 for every row) are used as they are."""
     from vllm_sr_runtime.bench.flops import ceiling_for
 
-    if not isinstance(limits, dict):
-        limits = {"fp32": float(limits)}
+    sampler = limits if isinstance(limits, GemmCeilings) else None
+    fixed = {} if sampler else (limits if isinstance(limits, dict) else {"fp32": float(limits)})
     from vllm_sr_runtime.bench.media import synthetic_media
 
     images, videos = synthetic_media(media)
@@ -69,12 +71,14 @@ def run_forward(
                     start = time.perf_counter()
                     model.ask(state, qs, images, videos)
                     samples[name].append(time.perf_counter() - start)
+                if sampler:
+                    sampler.sample()
                 progress()
             exact_median = float(np.median(samples["exact"])) if "exact" in samples else None
             for name, values in samples.items():
                 median = float(np.median(values))
                 ceiling = ceiling_for(getattr(models[name], "dtype", "fp32") or "fp32")
-                ceiling = ceiling if ceiling in limits else "fp32"
+                ceiling = ceiling if ceiling in (sampler.samples if sampler else fixed) else "fp32"
                 rows.append(
                     {
                         "profile": name, "media": media, "length": tokens, "target_length": length, "questions": count, "concurrency": 1,
@@ -82,7 +86,11 @@ def run_forward(
                         "min_ms": min(values) * 1000, "max_ms": max(values) * 1000, "per_question_ms": median * 1000 / count,
                         "rps": 1.0 / median, "ratio_to_exact": (exact_median / median) if exact_median else None,
                         "padded_tokens": padded, "gflop": flops / 1e9, "gflops": flops / median / 1e9,
-                        "ceiling": ceiling, "fraction_of_limit": flops / median / 1e9 / limits[ceiling], "runs": len(values),
+                        "ceiling": ceiling, "runs": len(values),
                     }
                 )  # fmt: skip
+    limits = sampler.best() if sampler else fixed
+    for row in rows:
+        row["limit"] = limits[row["ceiling"]]
+        row["fraction_of_limit"] = row["gflops"] / row["limit"]
     return rows

@@ -8,6 +8,8 @@ import json
 import platform
 from pathlib import Path
 
+NOISY_HOST_SPREAD = 1.25  # fastest ceiling sample over slowest beyond which the run warns that the host was not quiet
+
 
 def _ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
@@ -98,6 +100,25 @@ def profile_graphs(models: dict, length: int, limits: dict[str, float]) -> dict:
     return profiles
 
 
+def print_limits(result: dict) -> None:
+    samples, spread = result["gemm_limit_samples"], result["gemm_limit_spread"]
+    threads = result["machine"]["cpus_in_affinity"]
+    print(
+        f"GEMM limit (ORT fp32 MatMul 512x1024x3584, {threads} threads): {result['gemm_limit_gflops']:.1f} GFLOP/s, the fastest of "
+        f"{len(samples['fp32'])} samples between the rows (slowest {min(samples['fp32']):.0f})"
+    )
+    print(
+        f"int8 GEMM limit (ORT dynamic int8 MatMul, same shape and threads): {result['gemm_limits']['int8']:.1f} GOP/s "
+        f"(slowest {min(samples['int8']):.0f}); rows of int8 artifacts are fractions of it"
+    )
+    moved = max(spread.values())
+    if moved > NOISY_HOST_SPREAD:
+        print(
+            f"warning: this host's GEMM speed moved {moved:.2f}x between samples (other load, or power states): rows may "
+            "have run below the machine's speed too; compare rows of this run only, and prefer more --repeats"
+        )
+
+
 def row_labels(entries: list[tuple[str, str, str | None]], artifact_count: int) -> list[str]:
     """Each loaded (profile, dtype, artifact) its row label: the profile; `max_speed-<dtype>` when several
     artifacts are benched; `...@<folder>` when two artifacts share a dtype (two int8 forms side by side)."""
@@ -122,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     result: dict = {"mode": args.mode, "machine": machine()}
     if args.mode == "forward":
         import vllm_sr_runtime
-        from vllm_sr_runtime.bench.flops import gemm_limits
+        from vllm_sr_runtime.bench.flops import GemmCeilings
         from vllm_sr_runtime.bench.forward import run_forward
 
         profiles = [p for p in args.profiles.split(",") if p]
@@ -136,14 +157,17 @@ def run(args: argparse.Namespace) -> int:
                 loaded.append((profile, model.dtype, artifact, model))
         labels = row_labels([entry[:3] for entry in loaded], len(artifacts))
         models = {label: entry[3] for label, entry in zip(labels, loaded)}
-        limits = gemm_limits()
-        result["gemm_limit_gflops"] = limits["fp32"]
-        result["gemm_limits"] = limits  # fp32 GFLOP/s and dynamic int8 GOP/s, same shape and threads
+        ceilings = GemmCeilings()
         result["model"] = {"name": next(iter(models.values())).name, "family": next(iter(models.values())).family.name}
         lengths, questions = _ints(args.lengths), _ints(args.questions)
         bar = tqdm(total=len(lengths) * len(questions) * args.repeats, desc="bench forward", disable=args.quiet)
-        result["rows"] = run_forward(models, lengths, questions, args.repeats, limits, bar.update, media=args.media)
+        result["rows"] = run_forward(models, lengths, questions, args.repeats, ceilings, bar.update, media=args.media)
         bar.close()
+        limits = ceilings.best()
+        result["gemm_limit_gflops"] = limits["fp32"]
+        result["gemm_limits"] = limits  # fp32 GFLOP/s and dynamic int8 GOP/s, same shape and threads: the fastest samples
+        result["gemm_limit_samples"] = ceilings.samples  # one per round of repeats, taken between the rows
+        result["gemm_limit_spread"] = ceilings.spread()  # fastest sample over slowest
         if args.ort_profile:
             result["ort_profile"] = profile_graphs(models, max(lengths), limits)
     elif args.mode == "export":
@@ -173,9 +197,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     print_table(result["rows"])
     if result.get("gemm_limit_gflops"):
-        print(f"GEMM limit (ORT fp32 MatMul 512x1024x3584, {result['machine']['cpus_in_affinity']} threads): {result['gemm_limit_gflops']:.1f} GFLOP/s")
-        if result.get("gemm_limits", {}).get("int8"):
-            print(f"int8 GEMM limit (ORT dynamic int8 MatMul, same shape and threads): {result['gemm_limits']['int8']:.1f} GOP/s; rows of int8 artifacts are fractions of it")
+        print_limits(result)
     if args.plot:
         for name in plot(result["rows"], out):
             print(out / name)

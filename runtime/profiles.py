@@ -64,10 +64,6 @@ def profile_named(name: str) -> Profile:
     return profiles[name]
 
 
-def served_profiles(profile: str) -> list[str]:
-    return profile_named(profile).served()
-
-
 def build_engine(profile_name: str, family: Any, device: Any, **options: Any) -> tuple[Any, str, str]:
     """(engine, numerics label, engine plugin name) for a family under a profile on a device."""
     from vllm_sr_runtime.plugins import plugin

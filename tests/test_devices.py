@@ -12,7 +12,7 @@ import pytest
 
 from vllm_sr_runtime.accelerators import CPU, CUDA, ROCM, ProviderSpec
 from vllm_sr_runtime.devices import auto_choice, parse_device
-from vllm_sr_runtime.engines.onnxruntime.providers import provider_options, provider_start_error, select_provider
+from vllm_sr_runtime.engines.onnxruntime.providers import provider_start_error, select_provider
 from vllm_sr_runtime.errors import UnsupportedDeviceError
 
 
@@ -64,11 +64,14 @@ def test_an_accelerator_lists_providers_in_order_of_preference(monkeypatch):
 
 
 def test_gpu_provider_options_are_chosen_for_parity_and_memory():
-    cuda = provider_options("cuda", 1)
+    def options(kind: str, index: int | None, provider: str) -> dict[str, str]:  # as the engine opens its session
+        return select_provider(kind, [provider, "CPUExecutionProvider"]).options(index)
+
+    cuda = options("cuda", 1, "CUDAExecutionProvider")
     assert cuda["device_id"] == "1" and cuda["use_tf32"] == "0"  # fp32 artifacts answer like exact's FP32
     assert cuda["cudnn_conv_algo_search"] == "EXHAUSTIVE" and cuda["arena_extend_strategy"] == "kSameAsRequested"
-    assert provider_options("rocm", None) == {"device_id": "0", "migraphx_fp16_enable": "0"}
-    assert provider_options("cpu", None) == {}
+    assert options("rocm", None, "MIGraphXExecutionProvider") == {"device_id": "0", "migraphx_fp16_enable": "0"}
+    assert options("cpu", None, "CPUExecutionProvider") == {}
 
 
 def test_missing_provider_and_missing_libraries_are_named():

@@ -42,10 +42,6 @@ def select_provider(device_kind: str, available: list[str]) -> ProviderSpec:
     )
 
 
-def provider_options(device_kind: str, device_index: int | None, provider: ProviderSpec | None = None) -> dict[str, str]:
-    return (provider or providers_for(device_kind)[0]).options(device_index)
-
-
 def missing_pieces(spec: ProviderSpec, library_found: Callable[[str], bool] = _library_found) -> list[str]:
     return [f"lib{stem} ({what})" for stem, what in spec.libraries if not library_found(stem)]
 

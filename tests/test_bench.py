@@ -179,6 +179,8 @@ def test_every_row_is_judged_against_the_fastest_ceiling_sample_of_the_run(packa
     assert ceilings.best() == {"fp32": 320.0, "int8": 1280.0} and ceilings.spread()["fp32"] == pytest.approx(320 / 140)
     fixed = run_forward({"exact": model}, [60], [1], 2, {"fp32": 200.0}, lambda: None)[0]  # numbers given: used as they are
     assert fixed["limit"] == 200.0 and fixed["fraction_of_limit"] == pytest.approx(fixed["gflops"] / 200.0)
+    unmeasured = run_forward({"exact": model}, [60], [1], 1, None, lambda: None)[0]  # a GPU run: no CPU ceiling to judge it by
+    assert unmeasured["limit"] is None and unmeasured["fraction_of_limit"] is None and unmeasured["gflops"] > 0
 
 
 def test_each_dtype_is_judged_against_its_own_ceiling():

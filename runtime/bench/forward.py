@@ -41,17 +41,18 @@ def request_of_length(model: Any, length: int, questions: int, images: Any = Non
 
 
 def run_forward(
-    models: dict[str, Any], lengths: list[int], questions: list[int], repeats: int, limits: GemmCeilings | dict[str, float] | float, progress, media: str = "none"
+    models: dict[str, Any], lengths: list[int], questions: list[int], repeats: int, limits: GemmCeilings | dict[str, float] | float | None, progress, media: str = "none"
 ) -> list[dict]:
     """With `media`, every request also carries a synthetic image and/or video; its rows' FLOPs count the
     text tower only (the vision tower's work is on top). Each row's fraction is of the ceiling its dtype
     runs against (`limit`): `limits` as a `GemmCeilings` is sampled once per round of repeats, after the models, and
     every row is judged against the fastest sample of the whole run; fixed numbers ({"fp32": GFLOP/s, "int8":
-    GOP/s}, or one number: fp32 for every row) are used as they are."""
+    GOP/s}, or one number: fp32 for every row) are used as they are; None (no ceiling measured for the rows'
+    device): `limit` and `fraction_of_limit` are None."""
     from vllm_sr_runtime.bench.flops import ceiling_for
 
     sampler = limits if isinstance(limits, GemmCeilings) else None
-    fixed = {} if sampler else (limits if isinstance(limits, dict) else {"fp32": float(limits)})
+    fixed = {} if sampler or limits is None else (limits if isinstance(limits, dict) else {"fp32": float(limits)})
     from vllm_sr_runtime.bench.media import synthetic_media
 
     images, videos = synthetic_media(media)
@@ -91,6 +92,6 @@ def run_forward(
                 )  # fmt: skip
     limits = sampler.best() if sampler else fixed
     for row in rows:
-        row["limit"] = limits[row["ceiling"]]
-        row["fraction_of_limit"] = row["gflops"] / row["limit"]
+        row["limit"] = limits.get(row["ceiling"])
+        row["fraction_of_limit"] = row["gflops"] / row["limit"] if row["limit"] else None
     return rows

@@ -157,19 +157,25 @@ def run(args: argparse.Namespace) -> int:
                 loaded.append((profile, model.dtype, artifact, model))
         labels = row_labels([entry[:3] for entry in loaded], len(artifacts))
         models = {label: entry[3] for label, entry in zip(labels, loaded)}
-        ceilings = GemmCeilings()
+        # The ceilings are ORT CPU GEMMs: a row that ran on a GPU is not a fraction of them.
+        on_cpu = all(model.device.kind == "cpu" for model in models.values())
+        ceilings = GemmCeilings() if on_cpu else None
         result["model"] = {"name": next(iter(models.values())).name, "family": next(iter(models.values())).family.name}
         lengths, questions = _ints(args.lengths), _ints(args.questions)
         bar = tqdm(total=len(lengths) * len(questions) * args.repeats, desc="bench forward", disable=args.quiet)
         result["rows"] = run_forward(models, lengths, questions, args.repeats, ceilings, bar.update, media=args.media)
         bar.close()
-        limits = ceilings.best()
-        result["gemm_limit_gflops"] = limits["fp32"]
-        result["gemm_limits"] = limits  # fp32 GFLOP/s and dynamic int8 GOP/s, same shape and threads: the fastest samples
-        result["gemm_limit_samples"] = ceilings.samples  # one per round of repeats, taken between the rows
-        result["gemm_limit_spread"] = ceilings.spread()  # fastest sample over slowest
+        if ceilings:
+            limits = ceilings.best()
+            result["gemm_limit_gflops"] = limits["fp32"]
+            result["gemm_limits"] = limits  # fp32 GFLOP/s and dynamic int8 GOP/s, same shape and threads: the fastest samples
+            result["gemm_limit_samples"] = ceilings.samples  # one per round of repeats, taken between the rows
+            result["gemm_limit_spread"] = ceilings.spread()  # fastest sample over slowest
+        else:
+            result["gemm_limits"] = None
+            print("no ceilings: they are measured for CPU rows only (the models run on " + ", ".join(sorted({m.device.name for m in models.values()})) + ")")
         if args.ort_profile:
-            result["ort_profile"] = profile_graphs(models, max(lengths), limits)
+            result["ort_profile"] = profile_graphs(models, max(lengths), result["gemm_limits"] or {})
     elif args.mode == "export":
         from vllm_sr_runtime.bench.export_run import print_export_table, run_export
 

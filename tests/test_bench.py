@@ -183,6 +183,31 @@ def test_every_row_is_judged_against_the_fastest_ceiling_sample_of_the_run(packa
     assert unmeasured["limit"] is None and unmeasured["fraction_of_limit"] is None and unmeasured["gflops"] > 0
 
 
+class RecordingModel:
+    """A loaded model that records the state length of every request it answers."""
+
+    def __init__(self, model, calls: list):
+        self.model, self.calls = model, calls
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def ask(self, state, questions, *media):
+        self.calls.append(len(state))
+        return self.model.ask(state, questions, *media)
+
+
+def test_every_round_runs_every_length_so_drift_moves_the_cost_curve_alike(packages):
+    from vllm_sr_runtime.bench.forward import run_forward
+
+    calls: list[int] = []
+    model = RecordingModel(vllm_sr_runtime.load(packages["d3"], profile="exact"), calls)
+    rows = run_forward({"exact": model}, [60, 400], [1], 3, None, lambda: None)
+    short, long = sorted(set(calls))
+    assert calls == [short, long] * 4  # one warm-up of each length, then three rounds of both (not 1+3 short, then 1+3 long)
+    assert [row["target_length"] for row in rows] == [60, 400] and all(row["runs"] == 3 for row in rows)
+
+
 def test_each_dtype_is_judged_against_its_own_ceiling():
     from vllm_sr_runtime.bench.flops import ceiling_for
 

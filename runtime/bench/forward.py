@@ -1,4 +1,4 @@
-"""Forward mode: every profile on the same requests in one process, alternating so drift hits all alike."""
+"""Forward mode: every profile on the same requests in one process, profiles and lengths alternating so drift hits all alike."""
 
 from __future__ import annotations
 
@@ -57,39 +57,46 @@ def run_forward(
 
     images, videos = synthetic_media(media)
     reference = next(iter(models.values()))
-    rows = []
+    shapes = []  # (length, question count, state, questions, tokens, padded tokens, FLOPs) of every row group
     for length in lengths:
         for count in questions:
             state, qs, tokens = request_of_length(reference, length, count, images, videos)
             plan = reference.plan(state, qs, images=images, videos=videos)
             padded = sum(int(b.inputs["input_ids"].shape[0]) * int(b.inputs["input_ids"].shape[1]) for b in plan.batches)
-            flops = batches_flops(reference.family, plan.batches)
-            for model in models.values():  # warm-up
+            shapes.append((length, count, state, qs, tokens, padded, batches_flops(reference.family, plan.batches)))
+    for _, _, state, qs, *_ in shapes:  # warm-up
+        for model in models.values():
+            model.ask(state, qs, images, videos)
+    # Every round runs every shape on every model, so a host whose speed drifts over minutes moves the lengths'
+    # costs (the per-token curve) alike, not only the profiles of one length.
+    samples: dict[tuple[int, str], list[float]] = {(index, name): [] for index in range(len(shapes)) for name in models}
+    for _ in range(repeats):
+        for index, (_, _, state, qs, *_) in enumerate(shapes):
+            for name, model in models.items():
+                start = time.perf_counter()
                 model.ask(state, qs, images, videos)
-            samples: dict[str, list[float]] = {name: [] for name in models}
-            for _ in range(repeats):
-                for name, model in models.items():
-                    start = time.perf_counter()
-                    model.ask(state, qs, images, videos)
-                    samples[name].append(time.perf_counter() - start)
-                if sampler:
-                    sampler.sample()
-                progress()
-            exact_median = float(np.median(samples["exact"])) if "exact" in samples else None
-            for name, values in samples.items():
-                median = float(np.median(values))
-                ceiling = ceiling_for(getattr(models[name], "dtype", "fp32") or "fp32")
-                ceiling = ceiling if ceiling in (sampler.samples if sampler else fixed) else "fp32"
-                rows.append(
-                    {
-                        "profile": name, "media": media, "length": tokens, "target_length": length, "questions": count, "concurrency": 1,
-                        "median_ms": median * 1000, "p90_ms": float(np.quantile(values, 0.9)) * 1000,
-                        "min_ms": min(values) * 1000, "max_ms": max(values) * 1000, "per_question_ms": median * 1000 / count,
-                        "rps": 1.0 / median, "ratio_to_exact": (exact_median / median) if exact_median else None,
-                        "padded_tokens": padded, "gflop": flops / 1e9, "gflops": flops / median / 1e9,
-                        "ceiling": ceiling, "runs": len(values),
-                    }
-                )  # fmt: skip
+                samples[index, name].append(time.perf_counter() - start)
+            if sampler:
+                sampler.sample()
+            progress()
+    rows = []
+    for index, (length, count, _, _, tokens, padded, flops) in enumerate(shapes):
+        exact_median = float(np.median(samples[index, "exact"])) if "exact" in models else None
+        for name in models:
+            values = samples[index, name]
+            median = float(np.median(values))
+            ceiling = ceiling_for(getattr(models[name], "dtype", "fp32") or "fp32")
+            ceiling = ceiling if ceiling in (sampler.samples if sampler else fixed) else "fp32"
+            rows.append(
+                {
+                    "profile": name, "media": media, "length": tokens, "target_length": length, "questions": count, "concurrency": 1,
+                    "median_ms": median * 1000, "p90_ms": float(np.quantile(values, 0.9)) * 1000,
+                    "min_ms": min(values) * 1000, "max_ms": max(values) * 1000, "per_question_ms": median * 1000 / count,
+                    "rps": 1.0 / median, "ratio_to_exact": (exact_median / median) if exact_median else None,
+                    "padded_tokens": padded, "gflop": flops / 1e9, "gflops": flops / median / 1e9,
+                    "ceiling": ceiling, "runs": len(values),
+                }
+            )  # fmt: skip
     limits = sampler.best() if sampler else fixed
     for row in rows:
         row["limit"] = limits.get(row["ceiling"])

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_sr_runtime.bench.flops import GemmCeilings, batches_flops
+from vllm_sr_runtime.bench.flops import GemmCeilings, batches_flops, ceiling_for
 
 FILLER = "The user asks about merging sorted lists, running time, and tests for edge cases. "
 
@@ -49,8 +49,6 @@ def run_forward(
     every row is judged against the fastest sample of the whole run; fixed numbers ({"fp32": GFLOP/s, "int8":
     GOP/s}, or one number: fp32 for every row) are used as they are; None (no ceiling measured for the rows'
     device): `limit` and `fraction_of_limit` are None."""
-    from vllm_sr_runtime.bench.flops import ceiling_for
-
     sampler = limits if isinstance(limits, GemmCeilings) else None
     fixed = {} if sampler or limits is None else (limits if isinstance(limits, dict) else {"fp32": float(limits)})
     from vllm_sr_runtime.bench.media import synthetic_media
@@ -85,8 +83,6 @@ def run_forward(
         for name in models:
             values = samples[index, name]
             median = float(np.median(values))
-            ceiling = ceiling_for(getattr(models[name], "dtype", "fp32") or "fp32")
-            ceiling = ceiling if ceiling in (sampler.samples if sampler else fixed) else "fp32"
             rows.append(
                 {
                     "profile": name, "media": media, "length": tokens, "target_length": length, "questions": count, "concurrency": 1,
@@ -94,11 +90,13 @@ def run_forward(
                     "min_ms": min(values) * 1000, "max_ms": max(values) * 1000, "per_question_ms": median * 1000 / count,
                     "rps": 1.0 / median, "ratio_to_exact": (exact_median / median) if exact_median else None,
                     "padded_tokens": padded, "gflop": flops / 1e9, "gflops": flops / median / 1e9,
-                    "ceiling": ceiling, "runs": len(values),
+                    "ceiling": ceiling_for(getattr(models[name], "dtype", "fp32") or "fp32"), "runs": len(values),
                 }
             )  # fmt: skip
     limits = sampler.best() if sampler else fixed
     for row in rows:
+        if row["ceiling"] not in limits:  # one fixed number: the fp32 ceiling for every row
+            row["ceiling"] = "fp32"
         row["limit"] = limits.get(row["ceiling"])
         row["fraction_of_limit"] = row["gflops"] / row["limit"] if row["limit"] else None
     return rows

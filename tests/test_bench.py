@@ -242,3 +242,22 @@ def test_causal_attention_counts_each_query_against_the_keys_up_to_it(packages, 
     causal, full = forward_flops(config, rows, tokens, causal=True), forward_flops(config, rows, tokens)
     assert full - causal == rows * per_pair * (tokens * tokens - tokens * (tokens + 1) / 2)
     assert family.causal_attention == (name != "d3")  # the d3 fixture is non-causal, as the released packages
+
+
+def test_ort_profile_refuses_graphs_served_off_the_cpu():
+    """The profiler opens graphs on ORT's CPU provider: an ONNX Runtime row on a GPU is refused before any timing
+    (it would be profiled on the wrong machine), eager rows on a GPU and ONNX rows on the CPU are not."""
+    from types import SimpleNamespace
+
+    from vllm_sr_runtime.bench.ort_profile import refuse_off_cpu
+    from vllm_sr_runtime.devices import Device
+
+    def model(kind: str, index: int | None, graph: bool) -> SimpleNamespace:
+        return SimpleNamespace(device=Device(kind, index), engine=SimpleNamespace(model_path="model.onnx") if graph else SimpleNamespace())
+
+    refuse_off_cpu({"exact": model("cuda", 0, graph=False), "max_speed": model("cpu", None, graph=True)})
+    with pytest.raises(ValueError) as refused:
+        refuse_off_cpu({"exact": model("cuda", 0, graph=False), "max_speed-fp32": model("cpu", None, graph=True), "max_speed-int8": model("cuda", 1, graph=True)})
+    message = str(refused.value)
+    assert "max_speed-int8 on cuda:1" in message and "max_speed-fp32" not in message and "exact" not in message
+    assert "--device cpu" in message

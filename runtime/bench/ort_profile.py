@@ -45,6 +45,20 @@ def product_ops(op: str, args: dict) -> float | None:
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 
 
+def refuse_off_cpu(models: dict) -> None:
+    """`--ort-profile` opens each graph on ORT's CPU provider: a model served on another device would be profiled
+    on a machine it does not run on, and ORT's per-node times on a GPU provider are kernel launches (the kernels
+    run asynchronously), not the GPU's time. Raises before any timing, naming the rows that cannot be profiled."""
+    elsewhere = {label: model.device.name for label, model in models.items() if getattr(model.engine, "model_path", None) is not None and model.device.kind != "cpu"}
+    if elsewhere:
+        rows = ", ".join(f"{label} on {device}" for label, device in elsewhere.items())
+        raise ValueError(
+            f"--ort-profile times ONNX Runtime's CPU provider node by node; {rows} would be profiled on the CPU instead "
+            "(and per-node times on a GPU provider are kernel launches, not GPU time): bench with --device cpu to "
+            "profile, or use the GPU vendor's profiler (nsys, rocprofv3) for the device"
+        )
+
+
 def profile_by_op(model_path: Path, inputs: dict[str, np.ndarray], runs: int = 3) -> list[dict]:
     """Runs the graph `runs` times (after one unprofiled warm-up) with profiling on; rows sorted by time. The
     graph is opened as the CPU engine serves it (full attention over query blocks); control-flow nodes (If, Loop)

@@ -157,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
                 loaded.append((profile, model.dtype, artifact, model))
         labels = row_labels([entry[:3] for entry in loaded], len(artifacts))
         models = {label: entry[3] for label, entry in zip(labels, loaded)}
+        if args.ort_profile:
+            from vllm_sr_runtime.bench.ort_profile import refuse_off_cpu
+
+            refuse_off_cpu(models)  # before the timing, not after it
         # The ceilings are ORT CPU GEMMs: a row that ran on a GPU is not a fraction of them.
         on_cpu = all(model.device.kind == "cpu" for model in models.values())
         ceilings = GemmCeilings() if on_cpu else None

@@ -256,6 +256,8 @@ def test_ort_profile_refuses_graphs_served_off_the_cpu():
         return SimpleNamespace(device=Device(kind, index), engine=SimpleNamespace(model_path="model.onnx") if graph else SimpleNamespace())
 
     refuse_off_cpu({"exact": model("cuda", 0, graph=False), "max_speed": model("cpu", None, graph=True)})
+    # a shared_context graph is not profiled (its main graph is max_speed's), so its device is no reason to refuse
+    refuse_off_cpu({"max_speed": model("cpu", None, graph=True), "shared_context-onnx-fp32": model("cuda", 0, graph=True)})
     with pytest.raises(ValueError) as refused:
         refuse_off_cpu({"exact": model("cuda", 0, graph=False), "max_speed-fp32": model("cpu", None, graph=True), "max_speed-int8": model("cuda", 1, graph=True)})
     message = str(refused.value)

@@ -45,11 +45,18 @@ def product_ops(op: str, args: dict) -> float | None:
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 
 
+def profiled_graphs(models: dict) -> dict[str, Path]:
+    """The rows `--ort-profile` profiles and each one's graph: every ONNX Runtime model but the shared_context ones
+    (their main graph is max_speed's)."""
+    graphs = {label: getattr(model.engine, "model_path", None) for label, model in models.items() if not label.startswith("shared_context")}
+    return {label: path for label, path in graphs.items() if path is not None}
+
+
 def refuse_off_cpu(models: dict) -> None:
     """`--ort-profile` opens each graph on ORT's CPU provider: a model served on another device would be profiled
     on a machine it does not run on, and ORT's per-node times on a GPU provider are kernel launches (the kernels
     run asynchronously), not the GPU's time. Raises before any timing, naming the rows that cannot be profiled."""
-    elsewhere = {label: model.device.name for label, model in models.items() if getattr(model.engine, "model_path", None) is not None and model.device.kind != "cpu"}
+    elsewhere = {label: models[label].device.name for label in profiled_graphs(models) if models[label].device.kind != "cpu"}
     if elsewhere:
         rows = ", ".join(f"{label} on {device}" for label, device in elsewhere.items())
         raise ValueError(

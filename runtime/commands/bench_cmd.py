@@ -81,13 +81,11 @@ def profile_graphs(models: dict, length: int, limits: dict[str, float]) -> dict:
     would reach if only its product ops took time (the forward's work as the rows count it, over their time)."""
     from vllm_sr_runtime.bench.flops import batches_flops, ceiling_for
     from vllm_sr_runtime.bench.forward import request_of_length
-    from vllm_sr_runtime.bench.ort_profile import judge_products, print_profile, profile_by_op
+    from vllm_sr_runtime.bench.ort_profile import judge_products, print_profile, profile_by_op, profiled_graphs
 
     profiles = {}
-    for label, model in models.items():
-        path = getattr(model.engine, "model_path", None)
-        if path is None or label.startswith("shared_context"):  # its main graph is max_speed's
-            continue
+    for label, path in profiled_graphs(models).items():
+        model = models[label]
         state, questions, tokens = request_of_length(model, length, 1)
         batch = model.plan(state, questions).batches[0]
         rows = profile_by_op(path, batch.inputs)
@@ -101,10 +99,13 @@ def profile_graphs(models: dict, length: int, limits: dict[str, float]) -> dict:
 
 
 def print_limits(result: dict) -> None:
+    from vllm_sr_runtime.bench.flops import GEMM_SHAPE
+
     samples, spread = result["gemm_limit_samples"], result["gemm_limit_spread"]
     threads = result["machine"]["cpus_in_affinity"]
+    shape = "x".join(str(size) for size in GEMM_SHAPE)
     print(
-        f"GEMM limit (ORT fp32 MatMul 512x1024x3584, {threads} threads): {result['gemm_limit_gflops']:.1f} GFLOP/s, the fastest of "
+        f"GEMM limit (ORT fp32 MatMul {shape}, {threads} threads): {result['gemm_limit_gflops']:.1f} GFLOP/s, the fastest of "
         f"{len(samples['fp32'])} samples between the rows (slowest {min(samples['fp32']):.0f})"
     )
     print(

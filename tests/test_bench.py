@@ -208,6 +208,29 @@ def test_every_round_runs_every_length_so_drift_moves_the_cost_curve_alike(packa
     assert [row["target_length"] for row in rows] == [60, 400] and all(row["runs"] == 3 for row in rows)
 
 
+class Int8Labelled(RecordingModel):
+    """A loaded model that reports itself as an int8 artifact (only `ceiling_for` reads it)."""
+
+    dtype = "int8"
+
+
+def test_a_row_keeps_its_dtypes_ceiling_label_whatever_limits_are_known(packages):
+    """An int8 row is labelled with the int8 ceiling whether its limit was measured, missing (a GPU run) or given;
+    only a single fixed number judges every row against fp32."""
+    from vllm_sr_runtime.bench.forward import run_forward
+
+    model = Int8Labelled(vllm_sr_runtime.load(packages["d3"], profile="exact"), [])
+    unmeasured = run_forward({"int8": model}, [60], [1], 1, None, lambda: None)[0]
+    assert unmeasured["ceiling"] == "int8" and unmeasured["limit"] is None and unmeasured["fraction_of_limit"] is None
+    only_fp32 = run_forward({"int8": model}, [60], [1], 1, {"fp32": 200.0}, lambda: None)[0]
+    assert only_fp32["ceiling"] == "int8" and only_fp32["limit"] is None
+    both = run_forward({"int8": model}, [60], [1], 1, {"fp32": 200.0, "int8": 800.0}, lambda: None)[0]
+    assert both["ceiling"] == "int8" and both["limit"] == 800.0
+    one_number = run_forward({"int8": model}, [60], [1], 1, 200.0, lambda: None)[0]
+    assert one_number["ceiling"] == "fp32" and one_number["limit"] == 200.0
+
+
+
 def test_each_dtype_is_judged_against_its_own_ceiling():
     from vllm_sr_runtime.bench.flops import ceiling_for
 

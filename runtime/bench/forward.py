@@ -48,8 +48,9 @@ def run_forward(
     runs against (`limit`): `limits` as a `GemmCeilings` is sampled once per round of repeats, after the models, and
     every row is judged against the fastest sample of the whole run; fixed numbers ({"fp32": GFLOP/s, "int8":
     GOP/s}, or one number: fp32 for every row) are used as they are; None (no ceiling measured for the rows'
-    device): `limit` and `fraction_of_limit` are None."""
+    device): `limit` and `fraction_of_limit` are None, and `ceiling` still names the one the row's dtype would take."""
     sampler = limits if isinstance(limits, GemmCeilings) else None
+    one_number = not (sampler or limits is None or isinstance(limits, dict))
     fixed = {} if sampler or limits is None else (limits if isinstance(limits, dict) else {"fp32": float(limits)})
     from vllm_sr_runtime.bench.media import synthetic_media
 
@@ -95,7 +96,7 @@ def run_forward(
             )  # fmt: skip
     limits = sampler.best() if sampler else fixed
     for row in rows:
-        if row["ceiling"] not in limits:  # one fixed number: the fp32 ceiling for every row
+        if one_number:  # the fp32 ceiling for every row; otherwise the label stays its dtype's, measured or not
             row["ceiling"] = "fp32"
         row["limit"] = limits.get(row["ceiling"])
         row["fraction_of_limit"] = row["gflops"] / row["limit"] if row["limit"] else None

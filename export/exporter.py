@@ -102,7 +102,9 @@ def export_family(
     package's first-order sensitivity names, until every calibration row's predicted spread is `int8_target`
     times its margin or less) or `rule` (the fixed rule only). `int8_calibration`: a JSONL request file to measure on
     instead of the built-in calibration requests. `int8_sensitive`: where the measured choice moves a harmful Linear,
-    `fp32`, or first `block` (MatMulNBits, when the rest run per token; FP32 only where that misses the target)."""
+    `fp32`, or first `block` (MatMulNBits, when the rest run per token; FP32 only where that misses the target), or
+    `split`: every MatMul of the towers that would stay FP32 (the fixed rule's and the measured ones) runs in the split
+    form (two int8 halves of weight and activation, two integer products) instead."""
     if family.export_spec is None:
         raise ArtifactError(f"family {family.name} declares no export (its ExportSpec): it runs on its own engines only")
     towers = family.export_spec.quantized_towers
@@ -122,6 +124,8 @@ def export_family(
         raise ValueError(f"int8 FP32 choice must be one of {', '.join(INT8_FP32_CHOICES)}")
     if int8_sensitive not in INT8_SENSITIVE_CHOICES:
         raise ValueError(f"int8 sensitive choice must be one of {', '.join(INT8_SENSITIVE_CHOICES)}")
+    if int8_sensitive == "split" and int8_activations != "token":
+        raise ValueError(f"--int8-sensitive split reads activations per token (--int8-activations token), not per {int8_activations}")
     if not int8_target > 0:
         raise ValueError(f"--int8-target must be > 0, not {int8_target}")
     calibrate = dtype == "int8" and int8_fp32 == "measured"
@@ -166,7 +170,7 @@ def export_family(
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept, int8_blocked=blocked)
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept, int8_blocked=blocked, int8_split=int8_sensitive == "split")
             reuse = main_weights["index"]
             buckets = write_static_graphs(proto, temp, family, gdn, static_lengths, MODEL_FILE) if static_lengths else None
             del traced, proto
@@ -202,7 +206,7 @@ def export_family(
             bar.update()
             context = ExportContext(
                 family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations, int8_kept=kept,
-                int8_blocked=blocked,
+                int8_blocked=blocked, int8_split=int8_sensitive == "split",
             )  # fmt: skip
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
@@ -214,8 +218,9 @@ def export_family(
             manifest["cuda_kernels"] = cuda_check
             if dtype == "int8":
                 manifest["int8"] = {
-                    "activations": INT8_FORMS[int8_activations][0], "weights": INT8_FORMS[int8_activations][1], "kept_fp32": list(INT8_FP32_PROJECTIONS),
-                    "fp32_choice": int8_fp32, "measured": measured,
+                    "activations": INT8_FORMS[int8_activations][0], "weights": INT8_FORMS[int8_activations][1], "sensitive": int8_sensitive,
+                    "kept_fp32": [] if int8_sensitive == "split" else list(INT8_FP32_PROJECTIONS),
+                    "split": list(INT8_FP32_PROJECTIONS) if int8_sensitive == "split" else [], "fp32_choice": int8_fp32, "measured": measured,
                 }  # fmt: skip
             manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
             manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed, "weights": "streamed from the package"}
@@ -241,7 +246,7 @@ def _export_shared(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("shared write")
-    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked, int8_split=context.int8_split)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
     del model, traced

@@ -18,7 +18,9 @@ INT8_FP32_CHOICES = ("measured", "rule")  # which MatMuls stay FP32 beyond the f
 # (510 tokens, one bench run) it moved 17% of the multiply-adds out of FP32 (FP32 kept 24% -> 8%) and ran no faster
 # (1,981 ms against 1,975: its MatMulNBits ran those MACs only ~1.2x faster than FP32 MatMul in the graph; parity
 # 0/80 both), and on seed 3 it changed 2/80 decisions on `parity --suite short` against 1/80 (86% FP32 + 6% blocked against 92% FP32)
-INT8_SENSITIVE_CHOICES = ("fp32", "block")
+# `split`: the MatMuls that would stay FP32 (the fixed rule's and the measured ones) run as two int8 halves of weight
+# and activation instead (a value ~ scale * (high + low / 254): ~15 bits against int8's 7, two integer products).
+INT8_SENSITIVE_CHOICES = ("fp32", "block", "split")
 # A decision flips when the margin moves by more than itself; keeping every row's predicted spread under a quarter
 # of its margin puts a flip 4 standard deviations away on the calibration rows, which leaves room for prompts
 # with smaller margins than theirs.

@@ -561,6 +561,84 @@ def _one_matmul_graph(weight: np.ndarray):
     return traced
 
 
+def test_split_form_holds_a_kept_matmul_to_about_fifteen_bits_from_three_int8_products():
+    """A weight the split form names runs as two MatMulIntegerToFloat over per-token activations (high x high, and
+    both cross terms in one product: [high | low] x [low; high]): its answer equals a NumPy reference of the two
+    halves, and is ~100x closer to FP32 than the per-token form of the other reader of the same activation, which
+    shares its high half (one QuantizeLinear for the high half, one for the low)."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    from vllm_sr_runtime.export.int8 import SPLIT_LOW_STEPS, quantize_matmuls, quantize_per_channel, quantize_split
+
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((64, 48)).astype(np.float32)
+    x = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    x[..., 7] *= 40.0  # an outlier channel: per token, it costs every other channel its precision
+    traced = _one_matmul_graph(weight)
+    split_names = {"layer.weight"}
+    assert quantize_matmuls(traced, split_names.__contains__, "token", split=split_names.__contains__) == 2
+    ops = [node.op_type for node in traced.model.graph]
+    assert ops.count("MatMulIntegerToFloat") == 3 and ops.count("QuantizeLinear") == 2 and ops.count("Concat") == 1 and "MatMul" not in ops
+    high, low, w_scale = quantize_split(weight, 1)
+    assert np.abs(high * w_scale + low * (w_scale / SPLIT_LOW_STEPS) - weight).max() <= (w_scale / SPLIT_LOW_STEPS).max() / 2 * 1.001
+    assert np.array_equal(high, quantize_per_channel(weight, 1)[0])
+    scale = np.maximum(np.abs(x).max(-1, keepdims=True) / 127, np.finfo(np.float32).tiny).astype(np.float32)
+    x_high = np.round(x / scale)
+    x_low = np.round((x - x_high * scale) / (scale / SPLIT_LOW_STEPS))
+    h64, l64 = high.astype(np.float64), low.astype(np.float64)
+    split_part = scale * ((x_high @ h64) * w_scale + (x_high @ l64) * (w_scale / SPLIT_LOW_STEPS) + (x_low / SPLIT_LOW_STEPS) @ h64 * w_scale)
+    token_part = scale * (x_high @ -h64) * w_scale  # quantize_per_channel(-w) is -high with the same scales
+    exact = x.astype(np.float64) @ weight
+    split_error, token_error = np.abs(split_part - exact).max(), np.abs(-token_part - exact).max()
+    assert split_error * 100 < token_error
+    proto = ir.serde.serialize_model(traced.model)
+    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        got = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, split_part - token_part, rtol=1e-5, atol=1e-3)
+
+
+def test_split_form_of_a_transposed_linear_reads_its_package_tensor_per_output_channel():
+    """A torch Linear stores [outputs, inputs] and the MatMul reads its transpose: the split form quantizes the
+    package tensor per output (its rows) and answers as the NumPy reference of those halves does."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+    import torch
+
+    from vllm_sr_runtime.export.int8 import SPLIT_LOW_STEPS, quantize_matmuls, quantize_split
+    from vllm_sr_runtime.export.streaming import TracedGraph
+
+    rng = np.random.default_rng(2)
+    stored = rng.standard_normal((6, 40)).astype(np.float32)  # 6 outputs, 40 inputs
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+
+    class Stored:
+        def load(self):
+            return torch.from_numpy(stored)
+
+    xv = ir.Value(name="x", shape=ir.Shape(["rows", 40]), type=ir.TensorType(ir.DataType.FLOAT))
+    w = ir.Value(name="w", shape=ir.Shape([40, 6]), type=ir.TensorType(ir.DataType.FLOAT), const_value=ir.tensor(np.ascontiguousarray(stored.T), name="w"))
+    node = ir.Node("", "MatMul", [xv, w], name="linear")
+    node.outputs[0].name, node.outputs[0].dtype, node.outputs[0].shape = "y", ir.DataType.FLOAT, ir.Shape(["rows", 6])
+    graph = ir.Graph([xv], [node.outputs[0]], nodes=[node], initializers=[w], opset_imports={"": 21})
+    traced = TracedGraph(ir.Model(graph, ir_version=10), sources={"layer.weight": Stored()})
+    traced.provenance[id(w.const_value)] = ("transpose", "layer.weight", (1, 0))
+    assert quantize_matmuls(traced, lambda name: True, "token", split=lambda name: True) == 1
+    high, low, scale = quantize_split(stored, 0)  # per row of the stored tensor: per output
+    assert np.abs(high * scale[:, None] + low * (scale[:, None] / SPLIT_LOW_STEPS) - stored).max() <= (scale / SPLIT_LOW_STEPS).max() / 2 * 1.001
+    row_scale = np.abs(x).max(-1, keepdims=True) / 127
+    x_high = np.round(x / row_scale)
+    x_low = np.round((x - x_high * row_scale) / (row_scale / SPLIT_LOW_STEPS))
+    h64, l64 = high.T.astype(np.float64), low.T.astype(np.float64)
+    expected = row_scale * ((x_high @ h64) * scale + (x_high @ l64 + x_low @ h64) * (scale / SPLIT_LOW_STEPS))
+    proto = ir.serde.serialize_model(traced.model)
+    got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+    assert np.abs(got - x.astype(np.float64) @ stored.T).max() < 2e-3 * np.abs(x @ stored.T).max()
+
+
 @pytest.mark.parametrize("form", ["token", "tensor", "block"])
 def test_int8_activation_forms_quantize_each_input_once_and_compute_what_they_say(form):
     """Per token: each row gets its own scale (an outlier row leaves the others' precision alone); the answer

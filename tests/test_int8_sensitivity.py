@@ -15,7 +15,7 @@ import torch
 import vllm_sr_runtime
 from vllm_sr_runtime.export import int8_options, int8_sensitivity
 from vllm_sr_runtime.export.exporter import build_export_module, export_package
-from vllm_sr_runtime.export.int8 import NBITS_BLOCK
+from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS, NBITS_BLOCK
 from vllm_sr_runtime.families.answers import answer_distribution
 from vllm_sr_runtime.parity.suite import short_suite
 
@@ -194,6 +194,39 @@ def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_
     for name in measured["kept"]:
         weight = parameters[name].detach().numpy()
         assert any(w.shape == c.shape and np.array_equal(w, c) for w in fp32 for c in (weight, weight.T)), name
+
+
+def test_split_runs_the_fp32_projections_as_two_int8_products_each(packages, tmp_path):
+    """`--int8-sensitive split` under the fixed rule: every tower MatMul the rule keeps FP32 becomes two
+    MatMulIntegerToFloat (high x high and the cross terms) reading its activation's shared [high | low] halves; only
+    the readout's MatMuls stay FP32; the smoke parity passes and the manifest names the split weights."""
+    rule = export_package(packages["d3"], tmp_path / "rule", dtype="int8", progress=False, smoke="off", int8_fp32="rule")
+    split = export_package(packages["d3"], tmp_path / "split", dtype="int8", progress=False, smoke="on", int8_fp32="rule", int8_sensitive="split")
+    assert split["int8"]["sensitive"] == "split" and split["int8"]["split"] == list(INT8_FP32_PROJECTIONS) and split["int8"]["kept_fp32"] == []
+    assert rule["int8"]["sensitive"] == "fp32" and rule["int8"]["split"] == [] and rule["int8"]["kept_fp32"] == list(INT8_FP32_PROJECTIONS)
+    fused, matmul = "com.microsoft::MatMulIntegerToFloat", "ai.onnx::MatMul"
+    moved = rule["op_counts"][matmul] - split["op_counts"].get(matmul, 0)
+    assert moved > 0 and split["op_counts"][fused] - rule["op_counts"][fused] == 2 * moved
+    assert split["op_counts"]["ai.onnx::Concat"] - rule["op_counts"].get("ai.onnx::Concat", 0) > 0
+    assert split["smoke"]["ran"] and split["smoke_parity"]["decisions_changed"] == 0
+    family = vllm_sr_runtime.load(packages["d3"]).family
+    module = build_export_module(family, "fp32")
+    towers = [p.detach().numpy() for name, p in module.named_parameters() if name.startswith(family.export_spec.quantized_towers) and p.dim() == 2]
+
+    def fp32_tower_matmuls(artifact):
+        graph = onnx.load(str(artifact / "model.onnx"))
+        weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+        read = [weights[node.input[1]] for node in graph.graph.node if node.op_type == "MatMul" and node.input[1] in weights]
+        return graph, sum(any(w.shape == c.shape and np.array_equal(w, c) for c in (t, t.T)) for w in read for t in towers)
+
+    assert fp32_tower_matmuls(tmp_path / "rule")[1] > 0
+    graph, left_fp32 = fp32_tower_matmuls(tmp_path / "split")
+    assert left_fp32 == 0  # only the readout's MatMuls stay FP32
+    produced = {output: node for node in graph.graph.node for output in node.output}
+    crosses = [node for node in graph.graph.node if node.name.endswith("_split_cross")]
+    assert len(crosses) == moved and all(produced[node.input[0]].op_type == "Concat" for node in crosses)
+    with pytest.raises(ValueError, match="per token"):
+        export_package(packages["d3"], tmp_path / "tensor", dtype="int8", progress=False, smoke="off", int8_fp32="rule", int8_activations="tensor", int8_sensitive="split")
 
 
 def test_measured_names_are_the_weights_the_int8_rewrite_quantizes_for_a_lora_package(packages, models, tmp_path):

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         if measured["kept_share_of_quantizable_macs"] >= MOSTLY_FP32_SHARE and not split:
             print(
                 f"int8 keeps {measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds FP32: this package is sensitive to "
-                "8-bit rounding, so this artifact runs not far from --dtype fp32's speed; compare both with `vllm-sr-runtime bench`"
+                "8-bit rounding, so this artifact runs not far from --dtype fp32's speed; compare both with `vllm-sr-runtime bench`, and "
+                "with --int8-sensitive split (those MatMuls as two int8 halves each: faster where int8 products run 4x fp32's or more)"
             )
     if manifest["dtype"] == "int8":
         print(

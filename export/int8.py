@@ -1,7 +1,7 @@
 """`--dtype int8` applied to the traced graph before its weights are written, one weight at a time.
 
 Each weight is quantized symmetrically to int8 with one scale per output column. Each activation read by
-quantized MatMuls is quantized once and shared by all of them (q, k and v read one), in one of two forms:
+quantized MatMuls is quantized once and shared by all of them (q, k and v read one), in one of these forms:
 - `token` (default): one scale per token (row), symmetric, stored as uint8 around a fixed zero point of 128 so
   ORT's fast u8 x s8 kernel runs it: one per-axis QuantizeLinear per activation, then per MatMul one
   MatMulIntegerToFloat (integer product and column scales in one kernel) and one Mul by the row scales.
@@ -15,6 +15,12 @@ quantized MatMuls is quantized once and shared by all of them (q, k and v read o
   outlier channel costs only its own block its precision. On outlier activations (8 channels x30, one token
   x20; 512x1024x3584, 2 cores) its error was 0.98% RMS against per-tensor int8's 25%, at 1.8x fp32's speed and
   0.35x per-tensor int8's (`/work/notes/nbits_bench.py`).
+- `split` (for the MatMuls that would otherwise stay FP32, per token only): weight and activation each as two int8
+  halves, value ~ scale * (high + low / SPLIT_LOW_STEPS), the low half the high half's rounding residual quantized
+  again: ~15 bits. Two MatMulIntegerToFloat: high x high, and both cross terms in one product over [high | low]
+  activations and a [low; high] weight; the low x low term is left out (~1/64,000 of the first). On outlier
+  activations its error was ~1/100 of per token's (`/work/notes/hilo_bench.py`), and on d3-lite seed 3 the measured
+  choice in this form answered `parity --suite short` like the same choice in FP32, 1.57x faster (AMX host).
 Which MatMuls stay FP32: always the readout (outside the quantized towers) and the fixed rule below
 (`INT8_FP32_PROJECTIONS`); under `--int8-fp32 measured` (the default) also the ones the package's own first-order
 sensitivity names (`export.int8_sensitivity`), passed in through `keep_fp32`. Under `--int8-sensitive block`,

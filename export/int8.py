@@ -151,7 +151,7 @@ def quantize_matmuls(
     """Rewrite every FP32 MatMul whose weight is a package tensor (or its transpose) that `keep_fp32` does
     not keep into a dynamic int8 MatMul (activations quantized per `token`, per `tensor` or per `block`; the
     weights `blocked` names in the block form whatever `activations` says; those `split` names, kept or not, in the
-    split form: per token, weight and activation each as two int8 halves, three integer products); returns how many
+    split form: per token, weight and activation each as two int8 halves, two integer products); returns how many
     were rewritten."""
     if activations not in ACTIVATION_FORMS:
         raise ValueError(f"int8 activations are quantized per {' or per '.join(ACTIVATION_FORMS)}, not {activations!r}")

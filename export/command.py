@@ -38,14 +38,12 @@ def run(args: argparse.Namespace) -> int:
         if smoke else f"no smoke parity ({manifest['smoke']['reason']}): judge it with `vllm-sr-runtime parity`"
     )  # fmt: skip
     print(f"ok: {args.out} ({manifest['variant']}/{manifest['dtype']}, opset {manifest['opset']}, {ops} nodes, domains {','.join(manifest['op_domains'])}); {checked}")
-    split = manifest["dtype"] == "int8" and manifest["int8"].get("sensitive") == "split"
     if manifest["dtype"] == "int8" and manifest["int8"]["measured"]:
         measured = manifest["int8"]["measured"]
-        kept_as = "in the split form (two int8 halves each)" if split else "kept FP32"
         print(
-            f"int8 measured on {measured['rows']} calibration answers{_calibration_source(measured['calibration'])}: {len(measured['kept'])} MatMuls {kept_as} "
+            f"int8 measured on {measured['rows']} calibration answers{_calibration_source(measured['calibration'])}: {len(measured['kept'])} MatMuls kept FP32 "
             f"({measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds), {len(measured['blocked'])} in the block form "
-            f"({measured['blocked_share_of_quantizable_macs']:.0%}); predicted margin spread "
+            f"({measured['blocked_share_of_quantizable_macs']:.0%}), {len(measured['split'])} in the split form ({measured['split_share_of_quantizable_macs']:.0%}); predicted margin spread "
             f"{measured['predicted_spread_all_int8']:.3g} -> {measured['predicted_spread_chosen']:.3g} of the margin (target {measured['target']})"
         )
         checked = measured["calibration_parity"]  # None where the export opened no CPU session
@@ -64,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                 "int8 calibrated on the built-in requests (generic short questions of every type): the target protects answers as close "
                 "as theirs; --int8-calibration FILE.jsonl measures on requests like your traffic"
             )
-        if measured["kept_share_of_quantizable_macs"] >= MOSTLY_FP32_SHARE and not split:
+        if measured["kept_share_of_quantizable_macs"] >= MOSTLY_FP32_SHARE:
             print(
                 f"int8 keeps {measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds FP32: this package is sensitive to "
                 "8-bit rounding, so this artifact runs not far from --dtype fp32's speed; compare both with `vllm-sr-runtime bench`, and "
@@ -132,8 +130,9 @@ def register(sub) -> None:
         "--int8-sensitive", default=INT8_SENSITIVE_CHOICES[0], choices=INT8_SENSITIVE_CHOICES,
         help="with per-token activations: where the MatMuls the measurement (--int8-fp32 measured) finds most harmful go: "
         "fp32 (default), first the block form (FP32 only where that still misses --int8-target; measured no faster on "
-        "an AVX-512 VNNI host), or split: they and the fixed rule's FP32 projections run as two int8 halves of weight and "
-        "activation (~15 bits, two integer products), faster than FP32 where int8 products run 4x fp32's or more",
+        "an AVX-512 VNNI host), or first the split form, two int8 halves of weight and activation (~15 bits, two integer "
+        "products; FP32 only where that still misses the target), which the fixed rule's FP32 projections then take too: "
+        "faster than FP32 where int8 products run 4x fp32's or more",
     )  # fmt: skip
     parser.add_argument(
         "--int8-fp32", default=INT8_FP32_CHOICES[0], choices=INT8_FP32_CHOICES,

@@ -29,4 +29,5 @@ class ExportContext:
     int8_activations: str = "token"  # --dtype int8: activation scales per token or per tensor
     int8_kept: frozenset[str] = frozenset()  # --dtype int8: weights the package's measured sensitivity keeps FP32
     int8_blocked: frozenset[str] = frozenset()  # --dtype int8: weights it moves to the block form
-    int8_split: bool = False  # --dtype int8: the towers' weights kept FP32 (rule and measured) run in the split form
+    int8_split: frozenset[str] = frozenset()  # --dtype int8: weights the measurement moves to the split form
+    int8_split_rule: bool = False  # --dtype int8: the fixed rule's FP32 projections run in the split form

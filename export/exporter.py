@@ -103,8 +103,8 @@ def export_family(
     times its margin or less) or `rule` (the fixed rule only). `int8_calibration`: a JSONL request file to measure on
     instead of the built-in calibration requests. `int8_sensitive`: where the measured choice moves a harmful Linear,
     `fp32`, or first `block` (MatMulNBits, when the rest run per token; FP32 only where that misses the target), or
-    `split`: every MatMul of the towers that would stay FP32 (the fixed rule's and the measured ones) runs in the split
-    form (two int8 halves of weight and activation, two integer products) instead."""
+    first `split` (two int8 halves of weight and activation, two integer products; FP32 only where that misses the
+    target), which also runs the fixed rule's FP32 projections split."""
     if family.export_spec is None:
         raise ArtifactError(f"family {family.name} declares no export (its ExportSpec): it runs on its own engines only")
     towers = family.export_spec.quantized_towers
@@ -165,12 +165,14 @@ def export_family(
             bar.update()
         kept = frozenset(measured["kept"]) if measured else frozenset()
         blocked = frozenset(measured["blocked"]) if measured else frozenset()
+        split = frozenset(measured["split"]) if measured else frozenset()
+        split_rule = int8_sensitive == "split"
         phase("trace")
         traced = trace(streamed, skeleton, sample, opset, family.input_names, family.dynamic_axes, family.output_name, translation_table(config))
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept, int8_blocked=blocked, int8_split=int8_sensitive == "split")
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept, int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule)
             reuse = main_weights["index"]
             buckets = write_static_graphs(proto, temp, family, gdn, static_lengths, MODEL_FILE) if static_lengths else None
             del traced, proto
@@ -206,7 +208,7 @@ def export_family(
             bar.update()
             context = ExportContext(
                 family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations, int8_kept=kept,
-                int8_blocked=blocked, int8_split=int8_sensitive == "split",
+                int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule,
             )  # fmt: skip
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
@@ -246,7 +248,7 @@ def _export_shared(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("shared write")
-    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked, int8_split=context.int8_split)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked, int8_split=context.int8_split, int8_split_rule=context.int8_split_rule)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
     del model, traced
@@ -300,15 +302,15 @@ def measure_int8_sensitivity(
     # one calibration row at a time cannot see
     rounding = form if form in int8_sensitivity.ROUNDING_FORMS else "token"
     # `sensitive`: where the most harmful Linears go first, the block form (if the rest run per token) or FP32
-    tiers = sensitive == "block" and form == "token"
-    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress, form=rounding, tiers=tiers)
+    tier = sensitive if sensitive in int8_sensitivity.TIER_FORMS and form == "token" else None
+    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress, form=rounding, tier=tier)
     del eager
-    if tiers:
-        kept, blocked = int8_sensitivity.choose_tiers(sensitivity, target)
+    if tier:
+        kept, tiered = int8_sensitivity.choose_tiers(sensitivity, target)
     else:
-        kept, blocked = int8_sensitivity.choose(sensitivity, target), []
+        kept, tiered = int8_sensitivity.choose(sensitivity, target), []
     # calibration_parity: the finished int8 graph against these eager answers, filled in by the smoke phase
-    return {**int8_sensitivity.summary(sensitivity, kept, target, blocked), "calibration": calibration.source, "calibration_parity": None}, sensitivity.answers
+    return {**int8_sensitivity.summary(sensitivity, kept, target, tiered), "calibration": calibration.source, "calibration_parity": None}, sensitivity.answers
 
 
 def build_export_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:

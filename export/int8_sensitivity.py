@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from vllm_sr_runtime.errors import InvalidRequest
-from vllm_sr_runtime.export.int8 import NBITS_BLOCK, QMAX, stays_fp32
+from vllm_sr_runtime.export.int8 import NBITS_BLOCK, QMAX, SPLIT_LOW_STEPS, stays_fp32
 from vllm_sr_runtime.export.int8_options import DEFAULT_TARGET
 from vllm_sr_runtime.families.answers import NEAR_TIE_MARGIN, answer_distribution
 from vllm_sr_runtime.families.base import Family
@@ -50,6 +50,7 @@ FINITE_DIFFERENCE_STEP = 1e-4  # relative to the output entry (a probability or 
 # (d3-lite seed 2: 6/80 decisions changed with it, 0/80 with these).
 BUILTIN_CALIBRATION_FILE = Path(__file__).with_name("int8_calibration.jsonl")
 ROUNDING_FORMS = ("token", "block")  # the int8 forms whose rounding the measurement models
+TIER_FORMS = ("block", "split")  # the forms a middle tier between the measured form and FP32 can take
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,11 @@ class Sensitivity:
     macs: np.ndarray  # [linears] multiply-accumulates per token
     variance: np.ndarray  # [rows, linears] predicted variance of each row's margin from quantizing each Linear
     margins: np.ndarray  # [rows] |log p(top) - log p(runner-up)|
-    # [rows, linears] the same with the Linear in the `block` form (MatMulNBits), measured in the same pass where
-    # asked (`measure(tiers=True)`): what moving a sensitive Linear there instead of FP32 leaves
-    block_variance: np.ndarray | None = None
+    # [rows, linears] the same with the Linear in the middle tier's form (`tier_form`: `block`, MatMulNBits, or
+    # `split`, two int8 halves), measured in the same pass where asked (`measure(tier=...)`): what moving a sensitive
+    # Linear there instead of FP32 leaves
+    tier_variance: np.ndarray | None = None
+    tier_form: str | None = None
     # every calibration question's eager answer (its probability per option), in the requests' order, near-ties
     # included: the reference the finished graph is checked against without running the eager model again
     answers: list[list[float] | None] = field(default_factory=list)
@@ -109,12 +112,12 @@ class Sensitivity:
         kept = set(kept)
         return self.spread_of(np.array([name not in kept for name in self.names], dtype=bool))
 
-    def spread_of(self, quantized: np.ndarray, blocked: np.ndarray | None = None) -> np.ndarray:
+    def spread_of(self, quantized: np.ndarray, tiered: np.ndarray | None = None) -> np.ndarray:
         """Each row's predicted sigma / |margin| with only the Linears the boolean mask `quantized` marks in int8
-        (those `blocked` marks in the block form, the others in the measured form)."""
+        (those `tiered` marks in the middle tier's form, the others in the measured form)."""
         variance = self.variance[:, quantized].sum(axis=1)
-        if blocked is not None and blocked.any():
-            variance = variance + self.block_variance[:, blocked].sum(axis=1)
+        if tiered is not None and tiered.any():
+            variance = variance + self.tier_variance[:, tiered].sum(axis=1)
         return np.sqrt(variance) / self.margins
 
 
@@ -128,14 +131,17 @@ def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ..
 
 
 def measure(
-    family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False, form: str = "token", tiers: bool = False
+    family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False, form: str = "token", tier: str | None = None
 ) -> Sensitivity:
     """First-order int8 sensitivity of every quantizable Linear of the eager FP32 `module`, on every answer row
     of `requests` ((state, questions) pairs) that is not a near-tie, with the rounding of the int8 `form` (`token`
-    or `block`), and with `tiers` that of the block form too (`block_variance`, for `choose_tiers`); `progress`: a
-    bar over the questions (each costs one forward and one backward pass: ~12 s at 0.75B parameters on 2 cores)."""
+    or `block`), and with a `tier` form (`block` or `split`) that of that form too (`tier_variance`, for
+    `choose_tiers`); `progress`: a bar over the questions (each costs one forward and one backward pass: ~12 s at
+    0.75B parameters on 2 cores)."""
     if form not in ROUNDING_FORMS:
         raise ValueError(f"int8 sensitivity is measured for the {' or '.join(ROUNDING_FORMS)} forms, not {form!r}")
+    if tier is not None and tier not in TIER_FORMS:
+        raise ValueError(f"an int8 middle tier is one of the {' or '.join(TIER_FORMS)} forms, not {tier!r}")
     linears = quantizable_linears(module, family.export_spec.quantized_towers)
     if not linears:
         raise ValueError(f"{family.model_name} has no Linear that int8 quantizes")
@@ -148,7 +154,7 @@ def measure(
     for layer in linears.values():
         layer.weight.requires_grad_(True)  # so every Linear's output is in the autograd graph; no weight gradient is asked for
     rows: list[np.ndarray] = []
-    block_rows: list[np.ndarray] = []
+    tier_rows: list[np.ndarray] = []
     margins: list[float] = []
     answers: list[list[float] | None] = []
     bar = tqdm(total=sum(len(questions) for _, questions in requests), desc="calibration questions", unit="question", leave=False, disable=not progress)
@@ -168,11 +174,11 @@ def measure(
                         continue
                     target = (output.float() * torch.from_numpy(direction)).sum()
                     gradients = torch.autograd.grad(target, [captured[name][1] for name in names])
-                forms = (form, "block") if tiers else (form,)
+                forms = (form, tier) if tier else (form,)
                 variances = np.array([_variances(captured[name][0].detach(), g, linears[name].weight.detach(), forms) for name, g in zip(names, gradients)])
                 rows.append(variances[:, 0])
-                if tiers:
-                    block_rows.append(variances[:, 1])
+                if tier:
+                    tier_rows.append(variances[:, 1])
                 margins.append(margin)
                 del output, gradients
     finally:
@@ -185,7 +191,7 @@ def measure(
     if not rows:
         raise ValueError("int8 calibration: every calibration answer is a near-tie; no margin to protect")
     macs = np.array([linears[key].weight.numel() for key in names], dtype=np.float64)
-    return Sensitivity(names, macs, np.stack(rows), np.array(margins), answers=answers, block_variance=np.stack(block_rows) if tiers else None)
+    return Sensitivity(names, macs, np.stack(rows), np.array(margins), answers=answers, tier_variance=np.stack(tier_rows) if tier else None, tier_form=tier)
 
 
 def choose(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> list[str]:
@@ -202,14 +208,14 @@ def choose(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> list[str
 
 
 def choose_tiers(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> tuple[list[str], list[str]]:
-    """(kept FP32, moved to the block form): the most harmful Linears (greedily) move to the block form until every
-    row's predicted spread is at most `target` times its margin; where all of them in the block form still miss it,
-    the most harmful of those stay FP32 instead, and then every blocked Linear the target no longer needs goes back
-    to the measured form (least harmful first)."""
+    """(kept FP32, moved to the middle tier's form): the most harmful Linears (greedily) move to the tier's form
+    (`block` or `split`) until every row's predicted spread is at most `target` times its margin; where all of them
+    in that form still miss it, the most harmful of those stay FP32 instead, and then every tiered Linear the target
+    no longer needs goes back to the measured form (least harmful first)."""
     count = len(sensitivity.names)
     quantized, blocked = np.ones(count, dtype=bool), np.zeros(count, dtype=bool)
     harm = (sensitivity.variance / sensitivity.margins[:, None] ** 2).sum(axis=0)
-    block_harm = (sensitivity.block_variance / sensitivity.margins[:, None] ** 2).sum(axis=0)
+    block_harm = (sensitivity.tier_variance / sensitivity.margins[:, None] ** 2).sum(axis=0)
     order: list[int] = []
     while (quantized & ~blocked).any() and sensitivity.spread_of(quantized & ~blocked, blocked).max() > target:
         worst = int(np.argmax(np.where(quantized & ~blocked, harm, -1.0)))
@@ -228,10 +234,10 @@ def choose_tiers(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> tu
     return kept, [sensitivity.names[index] for index in order if blocked[index]]
 
 
-def summary(sensitivity: Sensitivity, kept: list[str], target: float, blocked: list[str] = ()) -> dict:
-    """What the manifest records of the choice."""
+def summary(sensitivity: Sensitivity, kept: list[str], target: float, tiered: list[str] = ()) -> dict:
+    """What the manifest records of the choice (`tiered`: the Linears moved to the middle tier's form)."""
     before = sensitivity.spread()
-    kept_set, blocked_set = set(kept), set(blocked)
+    kept_set, blocked_set = set(kept), set(tiered)
     blocked_mask = np.array([name in blocked_set for name in sensitivity.names], dtype=bool)
     quantized_mask = np.array([name not in kept_set for name in sensitivity.names], dtype=bool) & ~blocked_mask
     after = sensitivity.spread_of(quantized_mask, blocked_mask)
@@ -244,8 +250,11 @@ def summary(sensitivity: Sensitivity, kept: list[str], target: float, blocked: l
         "rows": len(sensitivity.margins),
         "kept": kept,
         "kept_share_of_quantizable_macs": share(kept_set),
-        "blocked": list(blocked),  # moved to the block form (MatMulNBits) instead of FP32
-        "blocked_share_of_quantizable_macs": share(blocked_set),
+        # moved to the block form (MatMulNBits) or the split form (two int8 halves) instead of FP32
+        "blocked": list(tiered) if sensitivity.tier_form == "block" else [],
+        "blocked_share_of_quantizable_macs": share(blocked_set) if sensitivity.tier_form == "block" else 0.0,
+        "split": list(tiered) if sensitivity.tier_form == "split" else [],
+        "split_share_of_quantizable_macs": share(blocked_set) if sensitivity.tier_form == "split" else 0.0,
         "predicted_spread_all_int8": round(float(before.max()), 4),
         "predicted_spread_chosen": round(float(after.max()), 4),
         "answers": [
@@ -255,9 +264,11 @@ def summary(sensitivity: Sensitivity, kept: list[str], target: float, blocked: l
     }
 
 
-def _rounding_error(values: torch.Tensor, block: int | None) -> torch.Tensor:
+def _rounding_error(values: torch.Tensor, block: int | None, split: bool = False) -> torch.Tensor:
     """What symmetric int8 rounding adds to each row of a 2-D tensor: one step per row (max |row| / 127), or one
-    per row and block of `block` columns (a last partial block padded with zeros), as the int8 graph rounds it."""
+    per row and block of `block` columns (a last partial block padded with zeros), as the int8 graph rounds it; with
+    `split`, what is left after the split form's low half (the residual rounded again in steps SPLIT_LOW_STEPS times
+    finer)."""
     rows, columns = values.shape
     if block is None:
         grouped = values.unsqueeze(1)
@@ -266,6 +277,9 @@ def _rounding_error(values: torch.Tensor, block: int | None) -> torch.Tensor:
         grouped = padded.reshape(rows, -1, block)
     steps = (grouped.abs().amax(dim=2, keepdim=True) / QMAX).clamp_min(torch.finfo(torch.float32).tiny)
     error = torch.round(grouped / steps).clamp_(-QMAX, QMAX).mul_(steps).sub_(grouped)
+    if split:  # the low half holds -error to a step of steps / SPLIT_LOW_STEPS
+        low_steps = steps / SPLIT_LOW_STEPS
+        error = error + torch.round(-error / low_steps).clamp_(-QMAX, QMAX).mul_(low_steps)
     return error.reshape(rows, -1)[:, :columns]
 
 
@@ -280,9 +294,9 @@ def _variances(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, forms: tu
     through_weight, through_input = g2 @ w, g2.T @ x2  # shared by the forms
     changes = []
     for form in forms:
-        block = NBITS_BLOCK if form == "block" else None
+        block, split = (NBITS_BLOCK if form == "block" else None), form == "split"
         # <g, x_error W^T> + <g, x W_error^T> = <x_error, g W> + <W_error, g^T x>
-        change = (_rounding_error(x2, block) * through_weight).sum(dtype=torch.float64) + (_rounding_error(w, block) * through_input).sum(dtype=torch.float64)
+        change = (_rounding_error(x2, block, split) * through_weight).sum(dtype=torch.float64) + (_rounding_error(w, block, split) * through_input).sum(dtype=torch.float64)
         changes.append(float(change) ** 2)
     return changes
 

@@ -127,7 +127,7 @@ def test_tiers_move_the_most_harmful_linears_to_the_block_form_before_fp32():
     sensitivity = int8_sensitivity.Sensitivity(
         names=["a", "b", "c"], macs=np.array([1.0, 1.0, 2.0]),
         variance=np.array([[4.0, 1.0, 0.0], [0.0, 0.0, 1.0]]), margins=np.array([1.0, 0.5]),
-        block_variance=np.array([[1.0, 0.25, 0.0], [0.0, 0.0, 0.25]]),
+        tier_variance=np.array([[1.0, 0.25, 0.0], [0.0, 0.0, 0.25]]), tier_form="block",
     )  # fmt: skip
     assert int8_sensitivity.choose_tiers(sensitivity, target=100) == ([], [])
     # a blocked: spreads sqrt(1 + 1) = 1.41 and 2 -> c blocked too: 1.41 and 1
@@ -140,7 +140,27 @@ def test_tiers_move_the_most_harmful_linears_to_the_block_form_before_fp32():
     assert (kept, blocked) == (["a"], ["c"])
     summary = int8_sensitivity.summary(sensitivity, kept, 1.0, blocked)
     assert summary["blocked"] == ["c"] and summary["blocked_share_of_quantizable_macs"] == 0.5 and summary["kept_share_of_quantizable_macs"] == 0.25
-    assert summary["predicted_spread_chosen"] == 1.0
+    assert summary["predicted_spread_chosen"] == 1.0 and summary["split"] == [] and summary["split_share_of_quantizable_macs"] == 0.0
+    sensitivity.tier_form = "split"  # the same choice, recorded as the split tier's
+    split = int8_sensitivity.summary(sensitivity, kept, 1.0, blocked)
+    assert split["split"] == ["c"] and split["split_share_of_quantizable_macs"] == 0.5 and split["blocked"] == []
+
+
+def test_the_split_tier_is_measured_with_the_rounding_its_two_halves_leave(models):
+    """Measured with a `split` tier, each Linear's predicted margin change in the split form is what rounding both
+    halves leaves: orders of magnitude below per token's (~1/254 of its error, so ~1/64,000 of its variance), not
+    zero (the split form is not treated as FP32)."""
+    family = models("d3").family
+    module = build_export_module(family, "fp32")
+    requests = list(int8_sensitivity.builtin_calibration().requests)[:2]
+    measured = int8_sensitivity.measure(family, module, requests, form="token", tier="split")
+    assert measured.tier_form == "split" and measured.tier_variance.shape == measured.variance.shape
+    per_token, split = measured.variance.sum(axis=0), measured.tier_variance.sum(axis=0)
+    # each change is a signed sum, so a Linear whose per-token errors happen to cancel keeps a larger share
+    assert (split > 0).all() and (split < per_token / 100).all()
+    assert np.median(split / per_token) < 1 / 10_000
+    with pytest.raises(ValueError, match="middle tier"):
+        int8_sensitivity.measure(family, module, requests, form="token", tier="tensor")
 
 
 def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_path):

@@ -561,7 +561,7 @@ def _one_matmul_graph(weight: np.ndarray):
     return traced
 
 
-def test_split_form_holds_a_kept_matmul_to_about_fifteen_bits_from_three_int8_products():
+def test_split_form_holds_a_kept_matmul_to_about_fifteen_bits_with_two_int8_products():
     """A weight the split form names runs as two MatMulIntegerToFloat over per-token activations (high x high, and
     both cross terms in one product: [high | low] x [low; high]): its answer equals a NumPy reference of the two
     halves, and is ~100x closer to FP32 than the per-token form of the other reader of the same activation, which

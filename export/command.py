@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, MOSTLY_FP32_SHARE
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, MOSTLY_FP32_SHARE, WEIGHT_BITS_CHOICES
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         int8_target=args.int8_target,
         int8_calibration=Path(args.int8_calibration) if args.int8_calibration else None,
         int8_sensitive=args.int8_sensitive,
+        int8_weight_bits=args.int8_weight_bits,
     )
     smoke = manifest["smoke_parity"]
     ops = sum(manifest["op_counts"].values())
@@ -149,6 +150,12 @@ def register(sub) -> None:
         "--int8-calibration", metavar="FILE.jsonl",
         help="--int8-fp32 measured: measure on these requests (one System One request per line, as `parity --suite` reads; "
         "text only) instead of the built-in ones: requests like the traffic the model will serve",
+    )  # fmt: skip
+    parser.add_argument(
+        "--int8-weight-bits", type=int, default=WEIGHT_BITS_CHOICES[0], choices=WEIGHT_BITS_CHOICES,
+        help="--dtype int8: bits of the weights the integer products read: 8 (default), or 7 for x86 hosts without VNNI "
+        "(AVX2, or AVX-512 without AVX512_VNNI), where ONNX Runtime's int8 kernel sums byte products in saturating 16 bits "
+        "that 8-bit weights overflow: an 8-bit artifact is refused there (`serve`, `parity`, and this export's smoke parity)",
     )  # fmt: skip
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")

@@ -18,7 +18,7 @@ from vllm_sr_runtime.export.disk_space import check_disk_space
 from vllm_sr_runtime.export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
 from vllm_sr_runtime.export.graph_passes import op_counts
 from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS
-from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FORMS, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FORMS, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, WEIGHT_BITS_CHOICES
 from vllm_sr_runtime.export import int8_sensitivity
 from vllm_sr_runtime.export.phases import PhaseClock, available_memory_bytes
 from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, graph_parity, plan_smoke, smoke_parity
@@ -26,6 +26,7 @@ from vllm_sr_runtime.export.static_graphs import check_cuda_kernels, static_sequ
 from vllm_sr_runtime.export.streaming import StreamedModule, trace
 from vllm_sr_runtime.accelerators import CUDA
 from vllm_sr_runtime.close_calls import margin_for
+from vllm_sr_runtime.engines.onnxruntime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.base import Family
@@ -66,12 +67,14 @@ def export_package(
     int8_target: float = DEFAULT_TARGET,
     int8_calibration: Path | None = None,
     int8_sensitive: str = INT8_SENSITIVE_CHOICES[0],
+    int8_weight_bits: int = WEIGHT_BITS_CHOICES[0],
 ) -> dict:
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     return export_family(
         family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context, smoke=smoke, lengths=lengths,
         int8_activations=int8_activations, int8_fp32=int8_fp32, int8_target=int8_target, int8_calibration=int8_calibration, int8_sensitive=int8_sensitive,
+        int8_weight_bits=int8_weight_bits,
     )
 
 
@@ -91,6 +94,7 @@ def export_family(
     int8_target: float = DEFAULT_TARGET,
     int8_calibration: Path | None = None,
     int8_sensitive: str = INT8_SENSITIVE_CHOICES[0],
+    int8_weight_bits: int = WEIGHT_BITS_CHOICES[0],
 ) -> dict:
     """Trace, lower, write, check and smoke-test one artifact. `shared_context` adds a second graph,
     the module's forward_shared (prefix once, question rows continue from its state), for that profile
@@ -104,7 +108,8 @@ def export_family(
     instead of the built-in calibration requests. `int8_sensitive`: where the measured choice moves a harmful Linear,
     `fp32`, or first `block` (MatMulNBits, when the rest run per token; FP32 only where that misses the target), or
     first `split` (two int8 halves of weight and activation, two integer products; FP32 only where that misses the
-    target), which also runs the fixed rule's FP32 projections split."""
+    target), which also runs the fixed rule's FP32 projections split. `int8_weight_bits`: 8, or 7 for x86 hosts
+    without VNNI (whose int8 kernel saturates on 8-bit weights: the smoke parity is refused there at 8 bits)."""
     if family.export_spec is None:
         raise ArtifactError(f"family {family.name} declares no export (its ExportSpec): it runs on its own engines only")
     towers = family.export_spec.quantized_towers
@@ -126,6 +131,16 @@ def export_family(
         raise ValueError(f"int8 sensitive choice must be one of {', '.join(INT8_SENSITIVE_CHOICES)}")
     if int8_sensitive == "split" and int8_activations != "token":
         raise ValueError(f"--int8-sensitive split reads activations per token (--int8-activations token), not per {int8_activations}")
+    if int8_weight_bits not in WEIGHT_BITS_CHOICES:
+        raise ValueError(f"--int8-weight-bits must be one of {', '.join(map(str, WEIGHT_BITS_CHOICES))}, not {int8_weight_bits}")
+    # the int8 graph's products come out wrong on this CPU: nothing is checked with them here
+    saturates_here = dtype == "int8" and int8_weight_bits > SAFE_WEIGHT_BITS and int8_products_saturate()
+    if saturates_here and smoke != "off":
+        raise ArtifactError(
+            "this CPU (x86-64 with AVX2 or AVX-512 but no VNNI) runs ONNX Runtime's int8 products with saturating 16-bit sums, "
+            f"which 8-bit weights overflow, so the artifact could neither be smoke-tested nor served here: export with "
+            f"--int8-weight-bits {SAFE_WEIGHT_BITS} to serve it on this host, or with --smoke off for a host with VNNI (check it there with `parity`)"
+        )
     if not int8_target > 0:
         raise ValueError(f"--int8-target must be > 0, not {int8_target}")
     calibrate = dtype == "int8" and int8_fp32 == "measured"
@@ -161,7 +176,7 @@ def export_family(
         measured, calibration_answers = None, []
         if calibrate:
             phase("calibrate")
-            measured, calibration_answers = measure_int8_sensitivity(family, int8_target, calibration, progress=progress, form=int8_activations, sensitive=int8_sensitive)
+            measured, calibration_answers = measure_int8_sensitivity(family, int8_target, calibration, progress=progress, form=int8_activations, sensitive=int8_sensitive, weight_bits=int8_weight_bits)
             bar.update()
         kept = frozenset(measured["kept"]) if measured else frozenset()
         blocked = frozenset(measured["blocked"]) if measured else frozenset()
@@ -172,7 +187,7 @@ def export_family(
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept, int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule)
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept, int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule, int8_weight_bits=int8_weight_bits)
             reuse = main_weights["index"]
             buckets = write_static_graphs(proto, temp, family, gdn, static_lengths, MODEL_FILE) if static_lengths else None
             del traced, proto
@@ -202,13 +217,13 @@ def export_family(
                 parity = smoke_parity(family, eager, engine)
                 check_smoke(parity, dtype)
                 golden = golden_answers(family, eager)
-            if measured is not None and engine is not None:  # the int8 graph itself on the answers the choice protected (recorded, not gated)
+            if measured is not None and engine is not None and not saturates_here:  # the int8 graph itself on the answers the choice protected (recorded, not gated)
                 measured["calibration_parity"] = graph_parity(family, engine, calibration.requests, calibration_answers)
                 measured["calibration_parity"]["close_call_margin"] = margin_for(measured["calibration_parity"]["max_abs_diff"])
             bar.update()
             context = ExportContext(
                 family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations, int8_kept=kept,
-                int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule,
+                int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule, int8_weight_bits=int8_weight_bits,
             )  # fmt: skip
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
@@ -221,8 +236,8 @@ def export_family(
             if dtype == "int8":
                 manifest["int8"] = {
                     "activations": INT8_FORMS[int8_activations][0], "weights": INT8_FORMS[int8_activations][1], "sensitive": int8_sensitive,
-                    "kept_fp32": [] if int8_sensitive == "split" else list(INT8_FP32_PROJECTIONS),
-                    "split": list(INT8_FP32_PROJECTIONS) if int8_sensitive == "split" else [], "fp32_choice": int8_fp32, "measured": measured,
+                    "weight_bits": int8_weight_bits, "kept_fp32": [] if split_rule else list(INT8_FP32_PROJECTIONS),
+                    "split": list(INT8_FP32_PROJECTIONS) if split_rule else [], "fp32_choice": int8_fp32, "measured": measured,
                 }  # fmt: skip
             manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
             manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed, "weights": "streamed from the package"}
@@ -248,7 +263,7 @@ def _export_shared(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("shared write")
-    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked, int8_split=context.int8_split, int8_split_rule=context.int8_split_rule)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked, int8_split=context.int8_split, int8_split_rule=context.int8_split_rule, int8_weight_bits=context.int8_weight_bits)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
     del model, traced
@@ -283,6 +298,7 @@ def measure_int8_sensitivity(
     progress: bool = False,
     form: str = "token",
     sensitive: str = INT8_SENSITIVE_CHOICES[0],
+    weight_bits: int = WEIGHT_BITS_CHOICES[0],
 ) -> tuple[dict, list[list[float] | None]]:
     """The Linears this package keeps FP32 under int8, measured on the eager FP32 module (loaded for this only) on
     `calibration` (default: the built-in requests), as the manifest records them, and the eager answers to the
@@ -303,7 +319,7 @@ def measure_int8_sensitivity(
     rounding = form if form in int8_sensitivity.ROUNDING_FORMS else "token"
     # `sensitive`: where the most harmful Linears go first, the block form (if the rest run per token) or FP32
     tier = sensitive if sensitive in int8_sensitivity.TIER_FORMS and form == "token" else None
-    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress, form=rounding, tier=tier)
+    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress, form=rounding, tier=tier, weight_bits=weight_bits)
     del eager
     if tier:
         kept, tiered = int8_sensitivity.choose_tiers(sensitivity, target)

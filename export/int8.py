@@ -21,6 +21,10 @@ quantized MatMuls is quantized once and shared by all of them (q, k and v read o
   activations and a [low; high] weight; the low x low term is left out (~1/64,000 of the first). On outlier
   activations its error was ~1/100 of per token's (`/work/notes/hilo_bench.py`), and on d3-lite seed 3 the measured
   choice in this form answered `parity --suite short` like the same choice in FP32, 1.57x faster (AMX host).
+Weights take 8 bits by default ([-127, 127]); with `weight_bits=7` ([-63, 63], the split form's low halves too) for x86
+hosts without VNNI: ORT's u8 x s8 kernel there (AVX2, AVX-512 without VNNI) sums pairs of products in 16 bits with
+saturation (VPMADDUBSW), 255 x 127 x 2 overflows, 255 x 63 x 2 does not (measured under QEMU's Haswell: 8-bit weights
+wrong by up to 19% of the product, 7-bit exact); the block form's kernel does not saturate and keeps 8 bits.
 Which MatMuls stay FP32: always the readout (outside the quantized towers) and the fixed rule below
 (`INT8_FP32_PROJECTIONS`); under `--int8-fp32 measured` (the default) also the ones the package's own first-order
 sensitivity names (`export.int8_sensitivity`), passed in through `keep_fp32`. Under `--int8-sensitive block`,
@@ -39,7 +43,7 @@ from typing import Callable
 import numpy as np
 import onnx_ir as ir
 
-from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, WEIGHT_BITS_CHOICES
 from vllm_sr_runtime.export.streaming import TracedGraph
 
 # Backbone weights kept FP32 under --dtype int8, by parameter-name suffix: the token mixers' output
@@ -65,6 +69,18 @@ BLOCK_ROWS = 1024  # rows quantized per step, so temporaries stay a fraction of 
 # `split`: a value's rounding residual (at most half its int8 step) quantized again with a step this many times finer,
 # so it fits [-127, 127]: the two int8 halves together hold the value to ~1/64,000 of its row's or column's peak
 SPLIT_LOW_STEPS = 254
+WEIGHT_BITS = 8  # the default; 7 for hosts whose int8 kernel saturates (int8_options.WEIGHT_BITS_CHOICES)
+
+
+def weight_qmax(bits: int) -> int:
+    """The largest int8 weight value at `bits` bits: 127 at 8, 63 at 7."""
+    return (1 << (bits - 1)) - 1
+
+
+def split_low_steps(bits: int) -> int:
+    """How many times finer the split form's low halves step than the high ones: a rounding residual (at most half a
+    step) fills the low half's range, [-qmax, qmax], weights' and activations' alike (one product reads both)."""
+    return 2 * weight_qmax(bits)
 
 
 def stays_fp32(name: str, quantized_towers: tuple[str, ...]) -> bool:
@@ -73,13 +89,13 @@ def stays_fp32(name: str, quantized_towers: tuple[str, ...]) -> bool:
     return not name.startswith(quantized_towers) or name.endswith(INT8_FP32_PROJECTIONS)
 
 
-def quantize_per_channel(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 quantization of a 2-D weight with one scale per index of `axis`: (int8 values, float32
-    scales), equal to quant_utils.quantize_data applied to each channel as ORT's quantizer does."""
+def quantize_per_channel(weight: np.ndarray, axis: int, qmax: int = QMAX) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 quantization of a 2-D weight with one scale per index of `axis` into [-qmax, qmax]: (int8
+    values, float32 scales), at 8 bits equal to quant_utils.quantize_data applied to each channel as ORT's quantizer does."""
     weight = np.asarray(weight, dtype=np.float32)
     reduce = 1 - axis
     absmax = np.maximum(np.abs(np.minimum(weight.min(axis=reduce), 0)), np.maximum(weight.max(axis=reduce), 0))
-    exact = (absmax.astype(np.float64) * 2) / (2 * QMAX)
+    exact = (absmax.astype(np.float64) * 2) / (2 * qmax)
     scale = exact.astype(np.float32)
     scale[exact < np.finfo(np.float32).tiny] = 1.0
     quantized = np.empty(weight.shape, dtype=np.int8)
@@ -87,23 +103,24 @@ def quantize_per_channel(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.
         rows = slice(start, start + BLOCK_ROWS)
         divisor = scale[rows, None] if axis == 0 else scale[None, :]
         block = np.round(weight[rows] / divisor)
-        np.clip(block, -128, 127, out=block)
+        np.clip(block, -qmax - 1, qmax, out=block)
         quantized[rows] = block
     return quantized, scale
 
 
-def quantize_split(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_split(weight: np.ndarray, axis: int, qmax: int = QMAX) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The `split` form of a 2-D weight: (high int8 values, low int8 values, float32 scales per index of `axis`), the
-    high half `quantize_per_channel`'s and the low half its rounding residual in steps of scale / SPLIT_LOW_STEPS, so
-    weight ~ scale * (high + low / SPLIT_LOW_STEPS)."""
+    high half `quantize_per_channel`'s and the low half its rounding residual in steps `steps` = 2 x qmax times finer
+    (SPLIT_LOW_STEPS at 8 bits), both halves in [-qmax, qmax], so weight ~ scale * (high + low / steps)."""
     weight = np.asarray(weight, dtype=np.float32)
-    high, scale = quantize_per_channel(weight, axis)
+    high, scale = quantize_per_channel(weight, axis, qmax)
+    steps = 2 * qmax
     low = np.empty(weight.shape, dtype=np.int8)
     for start in range(0, weight.shape[0], BLOCK_ROWS):
         rows = slice(start, start + BLOCK_ROWS)
         divisor = scale[rows, None] if axis == 0 else scale[None, :]
-        residual = np.round((weight[rows] - high[rows] * divisor) / (divisor / SPLIT_LOW_STEPS))
-        np.clip(residual, -QMAX, QMAX, out=residual)
+        residual = np.round((weight[rows] - high[rows] * divisor) / (divisor / steps))
+        np.clip(residual, -qmax, qmax, out=residual)
         low[rows] = residual
     return high, low, scale
 
@@ -127,34 +144,37 @@ class _LazyQuantized:
         return ir.tensor(scale)
 
 
-def _per_channel_of(load: Callable[[], np.ndarray], axis: int, transpose: bool, cross: bool = False) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+def _per_channel_of(load: Callable[[], np.ndarray], axis: int, transpose: bool, cross: bool = False, qmax: int = QMAX) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
     """`quantize_per_channel` of what `load` returns (output channels on `axis`), its values transposed where the
     MatMul reads the transpose; with `cross`, the split form's cross-term weight instead: its low half stacked on its
     high half along the inputs ([2 x inputs, outputs], read by [high | low] activations), with the low half's scales."""
 
     def quantize() -> tuple[np.ndarray, np.ndarray]:
         if not cross:
-            quantized, scale = quantize_per_channel(load(), axis)
+            quantized, scale = quantize_per_channel(load(), axis, qmax)
             return (np.ascontiguousarray(quantized.T) if transpose else quantized), scale
-        high, low, scale = quantize_split(load(), axis)
+        high, low, scale = quantize_split(load(), axis, qmax)
         if transpose:
             high, low = high.T, low.T
-        return np.concatenate([low, high], axis=0), (scale / SPLIT_LOW_STEPS).astype(np.float32)
+        return np.concatenate([low, high], axis=0), (scale / (2 * qmax)).astype(np.float32)
 
     return quantize
 
 
 def quantize_matmuls(
     traced: TracedGraph, keep_fp32: Callable[[str], bool], activations: str = "token", blocked: Callable[[str], bool] = lambda name: False,
-    split: Callable[[str], bool] = lambda name: False,
+    split: Callable[[str], bool] = lambda name: False, weight_bits: int = WEIGHT_BITS,
 ) -> int:
     """Rewrite every FP32 MatMul whose weight is a package tensor (or its transpose) that `keep_fp32` does
     not keep into a dynamic int8 MatMul (activations quantized per `token`, per `tensor` or per `block`; the
     weights `blocked` names in the block form whatever `activations` says; those `split` names, kept or not, in the
-    split form: per token, weight and activation each as two int8 halves, two integer products); returns how many
-    were rewritten."""
+    split form: per token, weight and activation each as two int8 halves, two integer products), the integer
+    products' weights at `weight_bits` (8, or 7 for hosts whose int8 kernel saturates); returns how many were rewritten."""
     if activations not in ACTIVATION_FORMS:
         raise ValueError(f"int8 activations are quantized per {' or per '.join(ACTIVATION_FORMS)}, not {activations!r}")
+    if weight_bits not in WEIGHT_BITS_CHOICES:
+        raise ValueError(f"int8 weights take {' or '.join(map(str, WEIGHT_BITS_CHOICES))} bits, not {weight_bits!r}")
+    qmax = weight_qmax(weight_bits)
     graph = traced.model.graph
     constants = _Constants(graph)
     quantized_inputs: dict[int, tuple[ir.Value, ir.Value, ir.Value]] = {}
@@ -203,7 +223,7 @@ def quantize_matmuls(
                 nodes, quantized_inputs[id(activation)] = _per_tensor(activation, weight.shape[0], constants)
             new_nodes += nodes
         if id(weight) not in weights:
-            weights[id(weight)] = _quantized_weight(traced, weight, provenance)
+            weights[id(weight)] = _quantized_weight(traced, weight, provenance, qmax=qmax)
         a_q, a_scale, a_zero = quantized_inputs[id(activation)]
         w_q, w_scale, w_zero = weights[id(weight)]
         if activations == "tensor":  # quantize_dynamic's pattern, which ORT fuses (MatMulIntegerToFloat)
@@ -216,14 +236,14 @@ def quantize_matmuls(
             result = ir.Node("", "Mul", [cast.outputs[0], scales.outputs[0]], name=f"{base}_output_scale_mul")
             new_nodes += [integer, cast, scales, result]
         elif splits:
-            # x w ~ high x high + (high x low weight + low activation x high) / SPLIT_LOW_STEPS, the two cross terms in one
+            # x w ~ high x high + (high x low weight + low activation x high) / (2 qmax), the two cross terms in one
             # product over the inputs twice ([high | low] x [low; high]); the low x low term is ~1/64,000 of the first.
             # Two products and one Add: a three-input Sum took 18% of a 510-token forward on ORT's CPU provider.
             if id(activation) not in both_halves:
-                nodes, both_halves[id(activation)] = _both_halves(activation.name, token_rows[id(activation)], constants)
+                nodes, both_halves[id(activation)] = _both_halves(activation.name, token_rows[id(activation)], constants, split_low_steps(weight_bits))
                 new_nodes += nodes
             if id(weight) not in cross_weights:
-                cross_weights[id(weight)] = _quantized_weight(traced, weight, provenance, cross=True)
+                cross_weights[id(weight)] = _quantized_weight(traced, weight, provenance, cross=True, qmax=qmax)
             w_cross, w_cross_scale, _ = cross_weights[id(weight)]
             unit = constants.get("unit_scale", np.array(1.0, dtype=np.float32))
             high = ir.Node("com.microsoft", "MatMulIntegerToFloat", [a_q, w_q, unit, w_scale, a_zero, w_zero], name=f"{base}_split_high")
@@ -296,13 +316,13 @@ class TokenRows:
     shape: ir.Value
 
 
-def _both_halves(name: str, token: TokenRows, constants: _Constants) -> tuple[list[ir.Node], ir.Value]:
+def _both_halves(name: str, token: TokenRows, constants: _Constants, steps: int = SPLIT_LOW_STEPS) -> tuple[list[ir.Node], ir.Value]:
     """The `split` form's [high | low] halves of a per-token activation along its channels: the low half is its
-    rounding residual (x less the dequantized high half, at most half a step) quantized per row in steps
-    SPLIT_LOW_STEPS times finer, with the same zero point."""
+    rounding residual (x less the dequantized high half, at most half a step) quantized per row in steps `steps`
+    times finer (the weights' low halves' too: one product reads both), with the same zero point."""
     dequantized = _node("DequantizeLinear", [token.quantized_rows, token.row_scales, token.zero_points], f"{name}_high_rows", [ir.AttrInt64("axis", 0)])
     residual = _node("Sub", [token.rows, dequantized.outputs[0]], f"{name}_residual_rows")
-    low_scales = _node("Mul", [token.row_scales, constants.get("low_step", np.array(1.0 / SPLIT_LOW_STEPS, dtype=np.float32))], f"{name}_low_row_scales")
+    low_scales = _node("Mul", [token.row_scales, constants.get(f"low_step_{steps}", np.array(1.0 / steps, dtype=np.float32))], f"{name}_low_row_scales")
     low_rows = _node("QuantizeLinear", [residual.outputs[0], low_scales.outputs[0], token.zero_points], f"{name}_low_rows", [ir.AttrInt64("axis", 0)])
     low = _node("Reshape", [low_rows.outputs[0], token.shape], f"{name}_low")
     both = _node("Concat", [token.quantized[0], low.outputs[0]], f"{name}_both_halves", [ir.AttrInt64("axis", -1)])
@@ -332,17 +352,17 @@ def _per_token(activation: ir.Value, channels: int, constants: _Constants) -> tu
     return nodes, token
 
 
-def _quantized_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple, cross: bool = False) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """The int8 weight (with `cross`, its split form's cross-term weight), its per-column scales and zero points, as
-    lazy initializers with provenance (so a second graph of the artifact reuses the first one's bytes)."""
+def _quantized_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple, cross: bool = False, qmax: int = QMAX) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """The int8 weight in [-qmax, qmax] (with `cross`, its split form's cross-term weight), its per-column scales and
+    zero points, as lazy initializers with provenance (so a second graph of the artifact reuses the first one's bytes)."""
     kind, name = provenance[0], provenance[1]
     rows, columns = weight.shape[0] * (2 if cross else 1), weight.shape[1]
     source = traced.sources.get(name)
     if source is not None:  # read the package tensor as stored; a transposed one is quantized per row
-        quantized = _LazyQuantized(_per_channel_of(lambda: source.load().detach().float().numpy(), 0 if kind == "transpose" else 1, kind == "transpose", cross))
+        quantized = _LazyQuantized(_per_channel_of(lambda: source.load().detach().float().numpy(), 0 if kind == "transpose" else 1, kind == "transpose", cross, qmax))
     else:
         const = weight.const_value
-        quantized = _LazyQuantized(_per_channel_of(lambda: const.numpy(), 1, False, cross))
+        quantized = _LazyQuantized(_per_channel_of(lambda: const.numpy(), 1, False, cross, qmax))
     key, half = (name, kind), ("_cross" if cross else "")
     q_value = ir.Value(
         name=f"{weight.name}_quantized{half}", shape=ir.Shape([rows, columns]), type=ir.TensorType(ir.DataType.INT8),

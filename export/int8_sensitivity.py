@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from vllm_sr_runtime.errors import InvalidRequest
-from vllm_sr_runtime.export.int8 import NBITS_BLOCK, QMAX, SPLIT_LOW_STEPS, stays_fp32
+from vllm_sr_runtime.export.int8 import NBITS_BLOCK, QMAX, WEIGHT_BITS, split_low_steps, stays_fp32, weight_qmax
 from vllm_sr_runtime.export.int8_options import DEFAULT_TARGET
 from vllm_sr_runtime.families.answers import NEAR_TIE_MARGIN, answer_distribution
 from vllm_sr_runtime.families.base import Family
@@ -131,12 +131,13 @@ def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ..
 
 
 def measure(
-    family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False, form: str = "token", tier: str | None = None
+    family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False, form: str = "token", tier: str | None = None,
+    weight_bits: int = WEIGHT_BITS,
 ) -> Sensitivity:
     """First-order int8 sensitivity of every quantizable Linear of the eager FP32 `module`, on every answer row
     of `requests` ((state, questions) pairs) that is not a near-tie, with the rounding of the int8 `form` (`token`
     or `block`), and with a `tier` form (`block` or `split`) that of that form too (`tier_variance`, for
-    `choose_tiers`); `progress`: a bar over the questions (each costs one forward and one backward pass: ~12 s at
+    `choose_tiers`); the integer products' weights at `weight_bits` (the block form's stay at 8); `progress`: a bar over the questions (each costs one forward and one backward pass: ~12 s at
     0.75B parameters on 2 cores)."""
     if form not in ROUNDING_FORMS:
         raise ValueError(f"int8 sensitivity is measured for the {' or '.join(ROUNDING_FORMS)} forms, not {form!r}")
@@ -175,7 +176,7 @@ def measure(
                     target = (output.float() * torch.from_numpy(direction)).sum()
                     gradients = torch.autograd.grad(target, [captured[name][1] for name in names])
                 forms = (form, tier) if tier else (form,)
-                variances = np.array([_variances(captured[name][0].detach(), g, linears[name].weight.detach(), forms) for name, g in zip(names, gradients)])
+                variances = np.array([_variances(captured[name][0].detach(), g, linears[name].weight.detach(), forms, weight_bits) for name, g in zip(names, gradients)])
                 rows.append(variances[:, 0])
                 if tier:
                     tier_rows.append(variances[:, 1])
@@ -264,39 +265,41 @@ def summary(sensitivity: Sensitivity, kept: list[str], target: float, tiered: li
     }
 
 
-def _rounding_error(values: torch.Tensor, block: int | None, split: bool = False) -> torch.Tensor:
-    """What symmetric int8 rounding adds to each row of a 2-D tensor: one step per row (max |row| / 127), or one
-    per row and block of `block` columns (a last partial block padded with zeros), as the int8 graph rounds it; with
-    `split`, what is left after the split form's low half (the residual rounded again in steps SPLIT_LOW_STEPS times
-    finer)."""
+def _rounding_error(values: torch.Tensor, block: int | None, split_steps: int | None = None, qmax: int = QMAX) -> torch.Tensor:
+    """What symmetric int8 rounding into [-qmax, qmax] adds to each row of a 2-D tensor: one step per row (max |row| /
+    qmax), or one per row and block of `block` columns (a last partial block padded with zeros), as the int8 graph
+    rounds it; with `split_steps`, what is left after the split form's low half (the residual rounded again in steps
+    that many times finer, into [-split_steps / 2, split_steps / 2])."""
     rows, columns = values.shape
     if block is None:
         grouped = values.unsqueeze(1)
     else:
         padded = values if columns % block == 0 else torch.nn.functional.pad(values, (0, -columns % block))
         grouped = padded.reshape(rows, -1, block)
-    steps = (grouped.abs().amax(dim=2, keepdim=True) / QMAX).clamp_min(torch.finfo(torch.float32).tiny)
-    error = torch.round(grouped / steps).clamp_(-QMAX, QMAX).mul_(steps).sub_(grouped)
-    if split:  # the low half holds -error to a step of steps / SPLIT_LOW_STEPS
-        low_steps = steps / SPLIT_LOW_STEPS
-        error = error + torch.round(-error / low_steps).clamp_(-QMAX, QMAX).mul_(low_steps)
+    steps = (grouped.abs().amax(dim=2, keepdim=True) / qmax).clamp_min(torch.finfo(torch.float32).tiny)
+    error = torch.round(grouped / steps).clamp_(-qmax, qmax).mul_(steps).sub_(grouped)
+    if split_steps:  # the low half holds -error to a step of steps / split_steps
+        low_steps, low_max = steps / split_steps, split_steps // 2
+        error = error + torch.round(-error / low_steps).clamp_(-low_max, low_max).mul_(low_steps)
     return error.reshape(rows, -1)[:, :columns]
 
 
-def _variances(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, forms: tuple[str, ...] = ("token",)) -> list[float]:
+def _variances(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, forms: tuple[str, ...] = ("token",), weight_bits: int = WEIGHT_BITS) -> list[float]:
     """The squared first-order change of the margin when one Linear runs in int8, in each of the `forms`: its input
     x [.., tokens, in] and its weight [out, in] rounded as the graph rounds them (`token`: x per token, the weight
     per output channel; `block`: both per row and block of NBITS_BLOCK inputs), against the margin's gradient g at
-    its output [.., tokens, out]."""
+    its output [.., tokens, out]. The integer products' weights round at `weight_bits` (the block form's at 8)."""
     x2 = x.reshape(-1, x.shape[-1]).float()
     g2 = g.reshape(-1, g.shape[-1]).float()
     w = weight.float()
     through_weight, through_input = g2 @ w, g2.T @ x2  # shared by the forms
     changes = []
     for form in forms:
-        block, split = (NBITS_BLOCK if form == "block" else None), form == "split"
+        block = NBITS_BLOCK if form == "block" else None
+        split_steps = split_low_steps(weight_bits) if form == "split" else None
+        w_qmax = QMAX if form == "block" else weight_qmax(weight_bits)
         # <g, x_error W^T> + <g, x W_error^T> = <x_error, g W> + <W_error, g^T x>
-        change = (_rounding_error(x2, block, split) * through_weight).sum(dtype=torch.float64) + (_rounding_error(w, block, split) * through_input).sum(dtype=torch.float64)
+        change = (_rounding_error(x2, block, split_steps) * through_weight).sum(dtype=torch.float64) + (_rounding_error(w, block, split_steps, w_qmax) * through_input).sum(dtype=torch.float64)
         changes.append(float(change) ** 2)
     return changes
 

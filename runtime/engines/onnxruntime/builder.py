@@ -10,6 +10,7 @@ from vllm_sr_runtime.artifacts import read_artifact, registered_exporter
 from vllm_sr_runtime.devices import Device
 from vllm_sr_runtime.engines import ModelSource
 from vllm_sr_runtime.engines.onnxruntime import OrtEngine
+from vllm_sr_runtime.engines.onnxruntime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.packages.resolve import default_cache_dir
 
@@ -39,6 +40,26 @@ def ensure_cached_artifact(family: ModelSource, variant: str, cache_dir=None) ->
         if not (target / "artifact.json").is_file():
             registered_exporter()(family, target, variant=variant, dtype="fp32", progress=False)
     return target
+
+
+INTEGER_PRODUCTS = ("ai.onnx::MatMulInteger", "com.microsoft::MatMulIntegerToFloat", "com.microsoft::DynamicQuantizeMatMul")
+
+
+def refuse_saturating_int8(manifest: dict, artifact: Path, saturates: bool | None = None) -> None:
+    """Refuse an int8 artifact whose integer products read 8-bit weights on a CPU where ORT's u8 x s8 kernel saturates
+    (`cpu_features`; `saturates` overrides the detection): its answers there are not the ones its parity measured.
+    Artifacts from before `int8.weight_bits` was recorded hold 8-bit weights."""
+    if manifest.get("dtype") != "int8" or not any(op in manifest.get("op_counts", {}) for op in INTEGER_PRODUCTS):
+        return
+    bits = (manifest.get("int8") or {}).get("weight_bits", 8)
+    if bits <= SAFE_WEIGHT_BITS or not (int8_products_saturate() if saturates is None else saturates):
+        return
+    raise ArtifactError(
+        f"artifact {artifact} is int8 with {bits}-bit weights, and this CPU (x86-64 with AVX2 or AVX-512 but no VNNI) runs "
+        "ONNX Runtime's int8 products with saturating 16-bit sums, which 8-bit weights overflow: its answers here would "
+        f"not be the ones its parity measured. Export it for this host with --dtype int8 --int8-weight-bits {SAFE_WEIGHT_BITS}, or "
+        "serve an fp32 artifact"
+    )
 
 
 def _lacks_media_graphs(family: ModelSource, artifact: Path) -> bool:
@@ -71,6 +92,8 @@ def build(family: ModelSource, device: Device, profile, *, artifact=None, cache_
             f"artifact {artifact} is {manifest['dtype']}; {' or '.join(p.name for p in device.spec.providers)} on {device.name} runs {', '.join(runs)} artifacts "
             f"(export one with --dtype {runs[0]})"
         )
+    if device.kind == "cpu":
+        refuse_saturating_int8(manifest, artifact)
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     engine = OrtEngine.from_file(
         artifact / manifest["model_file"], device_kind=device.kind, device_index=device.index, output_name=family.output_name,

@@ -15,26 +15,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from vllm_sr_runtime.engines.onnxruntime.cpu_features import cpu_flags
+
 OPTIMIZED_FILE, OPTIMIZED_DATA = "optimized.onnx", "optimized.onnx.data"
 ENTRY_FILE = "entry.json"
 STAGING_ABANDONED_S = 24 * 3600  # a store in progress writes its staging now; one this old was interrupted
 UNUSED_S = 7 * 24 * 3600
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def entry_identity(model_path: Path, provider: str, rewrite: str = "") -> dict:
@@ -47,7 +38,7 @@ def entry_identity(model_path: Path, provider: str, rewrite: str = "") -> dict:
         "files": _files(Path(model_path)),
         "ort": ort.__version__,
         "provider": provider,
-        "cpu": hashlib.sha256(_cpu_flags().encode()).hexdigest()[:16],
+        "cpu": hashlib.sha256(cpu_flags().encode()).hexdigest()[:16],
     }
     if rewrite:
         identity["rewrite"] = rewrite

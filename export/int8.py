@@ -352,9 +352,10 @@ def _per_token(activation: ir.Value, channels: int, constants: _Constants) -> tu
     return nodes, token
 
 
-def _quantized_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple, cross: bool = False, qmax: int = QMAX) -> tuple[ir.Value, ir.Value, ir.Value]:
+def _quantized_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple, cross: bool = False, qmax: int = QMAX) -> tuple[ir.Value, ir.Value, ir.Value | None]:
     """The int8 weight in [-qmax, qmax] (with `cross`, its split form's cross-term weight), its per-column scales and
-    zero points, as lazy initializers with provenance (so a second graph of the artifact reuses the first one's bytes)."""
+    zero points (none for `cross`), as lazy initializers with provenance (so a second graph of the artifact reuses the
+    first one's bytes)."""
     kind, name = provenance[0], provenance[1]
     rows, columns = weight.shape[0] * (2 if cross else 1), weight.shape[1]
     source = traced.sources.get(name)
@@ -372,15 +373,18 @@ def _quantized_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple, 
         name=f"{weight.name}_scale{half}", shape=ir.Shape([columns]), type=ir.TensorType(ir.DataType.FLOAT),
         const_value=ir.LazyTensor(quantized.scale, dtype=ir.DataType.FLOAT, shape=ir.Shape([columns]), name=f"{weight.name}_scale{half}"),
     )  # fmt: skip
-    zero_value = ir.Value(
-        name=f"{weight.name}_zero_point{half}", shape=ir.Shape([columns]), type=ir.TensorType(ir.DataType.INT8),
-        const_value=ir.tensor(np.zeros(columns, dtype=np.int8), name=f"{weight.name}_zero_point{half}"),
-    )  # fmt: skip
     traced.provenance[id(q_value.const_value)] = ("int8 cross" if cross else "int8", *key)
     traced.provenance[id(scale_value.const_value)] = ("int8 cross scale" if cross else "int8 scale", *key)
-    traced.provenance[id(zero_value.const_value)] = ("int8 zero point", columns)
-    for value in (q_value, scale_value, zero_value):  # in this order: the scales come from the values' pass
+    for value in (q_value, scale_value):  # in this order: the scales come from the values' pass
         traced.model.graph.register_initializer(value)
+    if cross:  # the cross product reads the high weight's zero points (one per output column either way)
+        return q_value, scale_value, None
+    zero_value = ir.Value(
+        name=f"{weight.name}_zero_point", shape=ir.Shape([columns]), type=ir.TensorType(ir.DataType.INT8),
+        const_value=ir.tensor(np.zeros(columns, dtype=np.int8), name=f"{weight.name}_zero_point"),
+    )  # fmt: skip
+    traced.provenance[id(zero_value.const_value)] = ("int8 zero point", columns)
+    traced.model.graph.register_initializer(zero_value)
     return q_value, scale_value, zero_value
 
 

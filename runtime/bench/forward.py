@@ -50,8 +50,8 @@ def run_forward(
     GOP/s}, or one number: fp32 for every row) are used as they are; None (no ceiling measured for the rows'
     device): `limit` and `fraction_of_limit` are None, and `ceiling` still names the one the row's dtype would take."""
     sampler = limits if isinstance(limits, GemmCeilings) else None
-    one_number = not (sampler or limits is None or isinstance(limits, dict))
-    fixed = {} if sampler or limits is None else (limits if isinstance(limits, dict) else {"fp32": float(limits)})
+    one_number = isinstance(limits, (int, float))
+    fixed = {"fp32": float(limits)} if one_number else (limits if isinstance(limits, dict) else {})
     from vllm_sr_runtime.bench.media import synthetic_media
 
     images, videos = synthetic_media(media)

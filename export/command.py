@@ -11,7 +11,7 @@ from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET
 
 def run(args: argparse.Namespace) -> int:
     from vllm_sr_runtime.export.exporter import export_package
-    from vllm_sr_runtime.engines.onnxruntime.cpu_features import int8_products_saturate
+    from vllm_sr_runtime.cpu_features import int8_products_saturate
 
     manifest = export_package(
         args.package,

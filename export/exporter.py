@@ -26,7 +26,7 @@ from vllm_sr_runtime.export.static_graphs import check_cuda_kernels, static_sequ
 from vllm_sr_runtime.export.streaming import StreamedModule, trace
 from vllm_sr_runtime.accelerators import CUDA
 from vllm_sr_runtime.close_calls import margin_for
-from vllm_sr_runtime.engines.onnxruntime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
+from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.base import Family

@@ -23,7 +23,7 @@ INT8_FP32_CHOICES = ("measured", "rule")  # which MatMuls stay FP32 beyond the f
 INT8_SENSITIVE_CHOICES = ("fp32", "block", "split")
 # Bits of the int8 weights that the integer products read (per token, per tensor, split): 8 (default), or 7 for x86 hosts
 # without VNNI, whose u8 x s8 kernel (AVX2, AVX-512 without VNNI) saturates on pairs of 8-bit products; the serving
-# runtime refuses an 8-bit artifact on such a host (vllm_sr_runtime.int8_host).
+# runtime refuses an 8-bit artifact on such a host (vllm_sr_runtime.cpu_features).
 WEIGHT_BITS_CHOICES = (8, 7)
 # A decision flips when the margin moves by more than itself; keeping every row's predicted spread under a quarter
 # of its margin puts a flip 4 standard deviations away on the calibration rows, which leaves room for prompts

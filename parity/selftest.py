@@ -185,7 +185,7 @@ def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, 
 
 def run_selftest(options: SelftestOptions) -> dict:
     import vllm_sr_runtime
-    from vllm_sr_runtime.engines.onnxruntime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
+    from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
     from vllm_sr_runtime.export.exporter import export_package
     from vllm_sr_runtime.bench.forward import run_forward
     from vllm_sr_runtime.devices import parse_device

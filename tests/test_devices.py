@@ -97,3 +97,8 @@ def test_devices_command_reports_what_auto_picks_and_every_accelerator():
     assert report["auto"]["why"][-1].startswith(report["auto"]["device"].split(":")[0] + ":")
     text = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "devices"], capture_output=True, text=True, timeout=120)
     assert f"auto -> {report['auto']['device']}" in text.stdout
+    from vllm_sr_runtime.cpu_features import int8_products_saturate
+
+    saturates = int8_products_saturate()  # this CPU's flags: the int8 weight bits its ONNX Runtime products take
+    assert report["cpu_int8"]["products_saturate"] is saturates and report["cpu_int8"]["int8_weight_bits"] == (7 if saturates else 8)
+    assert f"--int8-weight-bits {report['cpu_int8']['int8_weight_bits']}" in text.stdout

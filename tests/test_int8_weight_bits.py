@@ -16,7 +16,7 @@ import pytest
 
 import vllm_sr_runtime
 from vllm_sr_runtime.engines.onnxruntime import builder
-from vllm_sr_runtime.engines.onnxruntime.cpu_features import int8_products_saturate
+from vllm_sr_runtime.cpu_features import int8_products_saturate
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.export import exporter, int8_sensitivity
 from vllm_sr_runtime.export.exporter import build_export_module, export_package

@@ -1,6 +1,6 @@
 """`vllm-sr-runtime devices [--json]`: every accelerator plugin, how many devices it sees, the ONNX Runtime
-providers it would use (in order of preference, and whether this installation has them), and what
-`--device auto` picks and why."""
+providers it would use (in order of preference, and whether this installation has them), what
+`--device auto` picks and why, and which int8 weight bits this CPU's ONNX Runtime products take."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 
 
 def report() -> dict:
+    from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
     from vllm_sr_runtime.devices import auto_choice
     from vllm_sr_runtime.errors import UnsupportedDeviceError
     from vllm_sr_runtime.plugins import installed
@@ -35,7 +36,13 @@ def report() -> dict:
         auto = {"device": device.name, "why": why}
     except UnsupportedDeviceError as exc:
         auto = {"device": None, "why": [exc.message]}
-    return {"auto": auto, "accelerators": rows, "failed": [failure.as_dict() for failure in plugins.failed]}
+    saturates = int8_products_saturate()
+    cpu_int8 = {
+        "products_saturate": saturates, "int8_weight_bits": SAFE_WEIGHT_BITS if saturates else 8,
+        "why": "x86-64 without VNNI: ONNX Runtime's u8 x s8 product sums byte pairs in saturating 16 bits" if saturates
+        else "ONNX Runtime's int8 products accumulate in 32 bits on this CPU",
+    }  # fmt: skip
+    return {"auto": auto, "accelerators": rows, "cpu_int8": cpu_int8, "failed": [failure.as_dict() for failure in plugins.failed]}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     for row in found["failed"]:
         print(f"{row['name']:<8} FAILED TO LOAD ({row['distribution']} {row['version']}): {row['error']}")
     print(f"auto -> {found['auto']['device']}: {'; '.join(found['auto']['why'])}")
+    cpu_int8 = found["cpu_int8"]
+    print(f"cpu int8 artifacts: --int8-weight-bits {cpu_int8['int8_weight_bits']} ({cpu_int8['why']})")
     return 0
 
 

@@ -10,7 +10,7 @@ from vllm_sr_runtime.artifacts import read_artifact, registered_exporter
 from vllm_sr_runtime.devices import Device
 from vllm_sr_runtime.engines import ModelSource
 from vllm_sr_runtime.engines.onnxruntime import OrtEngine
-from vllm_sr_runtime.engines.onnxruntime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
+from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.packages.resolve import default_cache_dir
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_sr_runtime.engines.onnxruntime.cpu_features import cpu_flags
+from vllm_sr_runtime.cpu_features import cpu_flags
 
 OPTIMIZED_FILE, OPTIMIZED_DATA = "optimized.onnx", "optimized.onnx.data"
 ENTRY_FILE = "entry.json"

@@ -133,6 +133,8 @@ def export_family(
         raise ValueError(f"--int8-sensitive split reads activations per token (--int8-activations token), not per {int8_activations}")
     if int8_weight_bits not in WEIGHT_BITS_CHOICES:
         raise ValueError(f"--int8-weight-bits must be one of {', '.join(map(str, WEIGHT_BITS_CHOICES))}, not {int8_weight_bits}")
+    if int8_weight_bits != WEIGHT_BITS_CHOICES[0] and int8_activations == "block":
+        raise ValueError("--int8-weight-bits 7 is for the integer-product forms (per token, per tensor, split): the block form's kernel (MatMulNBits) does not saturate and keeps 8 bits")
     # the int8 graph's products come out wrong on this CPU: nothing is checked with them here
     saturates_here = dtype == "int8" and int8_weight_bits > SAFE_WEIGHT_BITS and int8_products_saturate()
     if saturates_here and smoke != "off":

@@ -143,6 +143,8 @@ def test_an_8bit_int8_artifact_is_refused_on_a_cpu_whose_products_saturate(packa
     with pytest.raises(ArtifactError, match="--int8-weight-bits 7"):
         export_package(packages["d3"], tmp_path / "refused", dtype="int8", progress=False, smoke="on", int8_fp32="rule")
     assert not (tmp_path / "refused").exists()
+    with pytest.raises(ValueError, match="block form"):
+        export_package(packages["d3"], tmp_path / "block", dtype="int8", progress=False, smoke="off", int8_activations="block", int8_weight_bits=7)
 
 
 QEMU = shutil.which("qemu-x86_64")

@@ -11,7 +11,7 @@ from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET
 
 def run(args: argparse.Namespace) -> int:
     from vllm_sr_runtime.export.exporter import export_package
-    from vllm_sr_runtime.cpu_features import int8_products_saturate
+    from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS, widest_int8_weight_bits
 
     manifest = export_package(
         args.package,
@@ -67,18 +67,18 @@ def run(args: argparse.Namespace) -> int:
         if measured["kept_share_of_quantizable_macs"] >= MOSTLY_FP32_SHARE:
             print(
                 f"int8 keeps {measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds FP32: this package is sensitive to "
-                f"{manifest['int8'].get('weight_bits', 8)}-bit rounding, so this artifact runs not far from --dtype fp32's speed; compare both with `vllm-sr-runtime bench`, and "
+                f"{manifest['int8'].get('weight_bits', FULL_WEIGHT_BITS)}-bit rounding, so this artifact runs not far from --dtype fp32's speed; compare both with `vllm-sr-runtime bench`, and "
                 "with --int8-sensitive split (those MatMuls as two int8 halves each: faster where int8 products run 4x fp32's or more)"
             )
     if manifest["dtype"] == "int8":
-        bits = manifest["int8"].get("weight_bits", 8)
+        bits = manifest["int8"].get("weight_bits", FULL_WEIGHT_BITS)
         print(
             f"int8 ({manifest['int8']['activations']} activations, {bits}-bit weights): not established as answering like exact on every package "
             "(on confident synthetic d3-lite packages it changes more than 1% of decisions); judge this model with "
             "`vllm-sr-runtime parity`, which gates int8 at 1% of decisions by default, before serving it "
             f"(`parity --profile exact --weight-noise int8{' --weight-noise-factor 2' if bits == 7 else ''}` tells whether the package tolerates any {bits}-bit weights)"
         )
-        if bits == 8 and int8_products_saturate():
+        if bits > widest_int8_weight_bits():
             print(
                 "this CPU's int8 products saturate on 8-bit weights (x86-64 without VNNI): this artifact is for a host with VNNI or AMX "
                 "and is refused here; --int8-weight-bits 7 exports one this host serves"

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import torch
 
+from vllm_sr_runtime.export.int8_options import WEIGHT_BITS_CHOICES
 from vllm_sr_runtime.export.streaming import Provenance, StreamedModule
 from vllm_sr_runtime.families.base import Family
 
@@ -31,4 +32,4 @@ class ExportContext:
     int8_blocked: frozenset[str] = frozenset()  # --dtype int8: weights it moves to the block form
     int8_split: frozenset[str] = frozenset()  # --dtype int8: weights the measurement moves to the split form
     int8_split_rule: bool = False  # --dtype int8: the fixed rule's FP32 projections run in the split form
-    int8_weight_bits: int = 8  # --dtype int8: the integer products' weights, 8 or 7 bits
+    int8_weight_bits: int = WEIGHT_BITS_CHOICES[0]  # --dtype int8: the integer products' weights, 8 or 7 bits

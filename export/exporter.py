@@ -26,7 +26,7 @@ from vllm_sr_runtime.export.static_graphs import check_cuda_kernels, static_sequ
 from vllm_sr_runtime.export.streaming import StreamedModule, trace
 from vllm_sr_runtime.accelerators import CUDA
 from vllm_sr_runtime.close_calls import margin_for
-from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
+from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, widest_int8_weight_bits
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.base import Family
@@ -136,7 +136,7 @@ def export_family(
     if int8_weight_bits != WEIGHT_BITS_CHOICES[0] and int8_activations == "block":
         raise ValueError("--int8-weight-bits 7 is for the integer-product forms (per token, per tensor, split): the block form's kernel (MatMulNBits) does not saturate and keeps 8 bits")
     # the int8 graph's products come out wrong on this CPU: nothing is checked with them here
-    saturates_here = dtype == "int8" and int8_weight_bits > SAFE_WEIGHT_BITS and int8_products_saturate()
+    saturates_here = dtype == "int8" and int8_weight_bits > widest_int8_weight_bits()
     if saturates_here and smoke != "off":
         raise ArtifactError(
             "this CPU (x86-64 with AVX2 or AVX-512 but no VNNI) runs ONNX Runtime's int8 products with saturating 16-bit sums, "

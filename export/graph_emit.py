@@ -9,7 +9,7 @@ import onnx
 import torch
 
 from vllm_sr_runtime.export.graph_passes import cast_mixed_rms_norms, trim_contrib_outputs
-from vllm_sr_runtime.export.int8 import quantize_matmuls, stays_fp32
+from vllm_sr_runtime.export.int8 import WEIGHT_BITS, quantize_matmuls, stays_fp32
 from vllm_sr_runtime.export.streaming import TracedGraph, write_graph
 
 IO_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
@@ -30,7 +30,7 @@ def emit_graph(
     int8_blocked: frozenset[str] = frozenset(),
     int8_split: frozenset[str] = frozenset(),
     int8_split_rule: bool = False,
-    int8_weight_bits: int = 8,
+    int8_weight_bits: int = WEIGHT_BITS,
 ) -> tuple[onnx.ModelProto, dict]:
     """Quantize the graph's MatMuls for int8 (each weight quantized when it is written), stream its
     weights into `data_file` (or point them at the main graph's, where `reuse` has them), apply the graph

@@ -66,10 +66,7 @@ NBITS_BLOCK = 32  # `block`: weight and activation values per scale along the re
 NBITS_ZERO_POINT = 128  # MatMulNBits' zero point at 8 bits when none is given: the values are stored as uint8 + 128
 NBITS_ACCURACY_LEVEL = 4  # int8 activations (per token and block) and an integer product, not FP32 compute
 BLOCK_ROWS = 1024  # rows quantized per step, so temporaries stay a fraction of the weight
-# `split`: a value's rounding residual (at most half its int8 step) quantized again with a step this many times finer,
-# so it fits [-127, 127]: the two int8 halves together hold the value to ~1/64,000 of its row's or column's peak
-SPLIT_LOW_STEPS = 254
-WEIGHT_BITS = 8  # the default; 7 for hosts whose int8 kernel saturates (int8_options.WEIGHT_BITS_CHOICES)
+WEIGHT_BITS = WEIGHT_BITS_CHOICES[0]  # the default; 7 for hosts whose int8 kernel saturates
 
 
 def weight_qmax(bits: int) -> int:
@@ -77,10 +74,16 @@ def weight_qmax(bits: int) -> int:
     return (1 << (bits - 1)) - 1
 
 
-def split_low_steps(bits: int) -> int:
-    """How many times finer the split form's low halves step than the high ones: a rounding residual (at most half a
-    step) fills the low half's range, [-qmax, qmax], weights' and activations' alike (one product reads both)."""
-    return 2 * weight_qmax(bits)
+def split_low_steps(qmax: int) -> int:
+    """How many times finer the split form's low halves step than the high ones, for halves in [-qmax, qmax]: a
+    rounding residual (at most half a step) fills the low half's range, weights' and activations' alike (one product
+    reads both)."""
+    return 2 * qmax
+
+
+# `split` at 8 bits: a value's rounding residual (at most half its int8 step) quantized again with a step this many
+# times finer, so it fits [-127, 127]: the two int8 halves together hold the value to ~1/64,000 of its row's or column's peak
+SPLIT_LOW_STEPS = split_low_steps(QMAX)  # 254
 
 
 def stays_fp32(name: str, quantized_towers: tuple[str, ...]) -> bool:
@@ -110,11 +113,11 @@ def quantize_per_channel(weight: np.ndarray, axis: int, qmax: int = QMAX) -> tup
 
 def quantize_split(weight: np.ndarray, axis: int, qmax: int = QMAX) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The `split` form of a 2-D weight: (high int8 values, low int8 values, float32 scales per index of `axis`), the
-    high half `quantize_per_channel`'s and the low half its rounding residual in steps `steps` = 2 x qmax times finer
-    (SPLIT_LOW_STEPS at 8 bits), both halves in [-qmax, qmax], so weight ~ scale * (high + low / steps)."""
+    high half `quantize_per_channel`'s and the low half its rounding residual in steps `split_low_steps(qmax)` times
+    finer (SPLIT_LOW_STEPS at 8 bits), both halves in [-qmax, qmax], so weight ~ scale * (high + low / steps)."""
     weight = np.asarray(weight, dtype=np.float32)
     high, scale = quantize_per_channel(weight, axis, qmax)
-    steps = 2 * qmax
+    steps = split_low_steps(qmax)
     low = np.empty(weight.shape, dtype=np.int8)
     for start in range(0, weight.shape[0], BLOCK_ROWS):
         rows = slice(start, start + BLOCK_ROWS)
@@ -156,7 +159,7 @@ def _per_channel_of(load: Callable[[], np.ndarray], axis: int, transpose: bool, 
         high, low, scale = quantize_split(load(), axis, qmax)
         if transpose:
             high, low = high.T, low.T
-        return np.concatenate([low, high], axis=0), (scale / (2 * qmax)).astype(np.float32)
+        return np.concatenate([low, high], axis=0), (scale / split_low_steps(qmax)).astype(np.float32)
 
     return quantize
 
@@ -236,11 +239,11 @@ def quantize_matmuls(
             result = ir.Node("", "Mul", [cast.outputs[0], scales.outputs[0]], name=f"{base}_output_scale_mul")
             new_nodes += [integer, cast, scales, result]
         elif splits:
-            # x w ~ high x high + (high x low weight + low activation x high) / (2 qmax), the two cross terms in one
+            # x w ~ high x high + (high x low weight + low activation x high) / split_low_steps(qmax), the two cross terms in one
             # product over the inputs twice ([high | low] x [low; high]); the low x low term is ~1/64,000 of the first.
             # Two products and one Add: a three-input Sum took 18% of a 510-token forward on ORT's CPU provider.
             if id(activation) not in both_halves:
-                nodes, both_halves[id(activation)] = _both_halves(activation.name, token_rows[id(activation)], constants, split_low_steps(weight_bits))
+                nodes, both_halves[id(activation)] = _both_halves(activation.name, token_rows[id(activation)], constants, split_low_steps(qmax))
                 new_nodes += nodes
             if id(weight) not in cross_weights:
                 cross_weights[id(weight)] = _quantized_weight(traced, weight, provenance, cross=True, qmax=qmax)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS, SAFE_WEIGHT_BITS
+
 # one activation scale per token (default), per tensor (ORT quantize_dynamic's form), or per token and block of 32
 # channels with weights per block too (ORT's MatMulNBits at 8 bits)
 ACTIVATION_FORMS = ("token", "tensor", "block")
@@ -24,7 +26,7 @@ INT8_SENSITIVE_CHOICES = ("fp32", "block", "split")
 # Bits of the int8 weights that the integer products read (per token, per tensor, split): 8 (default), or 7 for x86 hosts
 # without VNNI, whose u8 x s8 kernel (AVX2, AVX-512 without VNNI) saturates on pairs of 8-bit products; the serving
 # runtime refuses an 8-bit artifact on such a host (vllm_sr_runtime.cpu_features).
-WEIGHT_BITS_CHOICES = (8, 7)
+WEIGHT_BITS_CHOICES = (FULL_WEIGHT_BITS, SAFE_WEIGHT_BITS)
 # A decision flips when the margin moves by more than itself; keeping every row's predicted spread under a quarter
 # of its margin puts a flip 4 standard deviations away on the calibration rows, which leaves room for prompts
 # with smaller margins than theirs.

@@ -137,8 +137,8 @@ def measure(
     """First-order int8 sensitivity of every quantizable Linear of the eager FP32 `module`, on every answer row
     of `requests` ((state, questions) pairs) that is not a near-tie, with the rounding of the int8 `form` (`token`
     or `block`), and with a `tier` form (`block` or `split`) that of that form too (`tier_variance`, for
-    `choose_tiers`); the integer products' weights at `weight_bits` (the block form's stay at 8); `progress`: a bar over the questions (each costs one forward and one backward pass: ~12 s at
-    0.75B parameters on 2 cores)."""
+    `choose_tiers`); the integer products' weights at `weight_bits` (the block form's stay at 8); `progress`: a
+    bar over the questions (each costs one forward and one backward pass: ~12 s at 0.75B parameters on 2 cores)."""
     if form not in ROUNDING_FORMS:
         raise ValueError(f"int8 sensitivity is measured for the {' or '.join(ROUNDING_FORMS)} forms, not {form!r}")
     if tier is not None and tier not in TIER_FORMS:
@@ -296,8 +296,8 @@ def _variances(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, forms: tu
     changes = []
     for form in forms:
         block = NBITS_BLOCK if form == "block" else None
-        split_steps = split_low_steps(weight_bits) if form == "split" else None
         w_qmax = QMAX if form == "block" else weight_qmax(weight_bits)
+        split_steps = split_low_steps(w_qmax) if form == "split" else None
         # <g, x_error W^T> + <g, x W_error^T> = <x_error, g W> + <W_error, g^T x>
         change = (_rounding_error(x2, block, split_steps) * through_weight).sum(dtype=torch.float64) + (_rounding_error(w, block, split_steps, w_qmax) * through_input).sum(dtype=torch.float64)
         changes.append(float(change) ** 2)

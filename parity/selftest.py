@@ -185,7 +185,7 @@ def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, 
 
 def run_selftest(options: SelftestOptions) -> dict:
     import vllm_sr_runtime
-    from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
+    from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS, widest_int8_weight_bits
     from vllm_sr_runtime.export.exporter import export_package
     from vllm_sr_runtime.bench.forward import run_forward
     from vllm_sr_runtime.devices import parse_device
@@ -226,8 +226,9 @@ def run_selftest(options: SelftestOptions) -> dict:
             artifact = out / "artifacts" / f"{name}-{variant}-{dtype}"
             log(f"{name}: export {variant}/{dtype}")
             # int8 on a CPU whose integer products saturate on 8-bit weights: the 7-bit form this host can serve
-            bits = {"int8_weight_bits": SAFE_WEIGHT_BITS} if dtype == "int8" and device.kind == "cpu" and int8_products_saturate() else {}
-            row |= {"int8_weight_bits": bits["int8_weight_bits"]} if bits else {}
+            narrow = dtype == "int8" and device.kind == "cpu" and widest_int8_weight_bits() < FULL_WEIGHT_BITS
+            bits = {"int8_weight_bits": widest_int8_weight_bits()} if narrow else {}
+            row |= bits
             try:
                 export_package(package, artifact, variant=variant, dtype=dtype, base_path=base, progress=False, smoke="off", **bits)
                 fast = vllm_sr_runtime.load(package, profile="max_speed", artifact=artifact, **common)

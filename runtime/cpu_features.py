@@ -17,7 +17,8 @@ from pathlib import Path
 
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})  # /proc/cpuinfo names of the 32-bit byte dot products
 SATURATING_FLAGS = frozenset({"avx2", "avx512bw"})  # VPMADDUBSW's homes, used where no VNNI flag is present
-SAFE_WEIGHT_BITS = 7  # 255 x 63 x 2 fits a signed 16-bit sum
+FULL_WEIGHT_BITS = 8  # int8 weights in [-127, 127]
+SAFE_WEIGHT_BITS = 7  # in [-63, 63]: 255 x 63 x 2 fits a signed 16-bit sum
 
 
 def cpu_flags() -> str:
@@ -39,3 +40,9 @@ def int8_products_saturate(flags: str | None = None, machine: str | None = None)
         return False
     present = set((flags if flags is not None else cpu_flags()).split())
     return bool(present & SATURATING_FLAGS) and not present & VNNI_FLAGS
+
+
+def widest_int8_weight_bits(saturates: bool | None = None) -> int:
+    """The widest int8 weights ORT's integer products take correctly on this CPU (`saturates` overrides the
+    detection): 8, or 7 where they saturate."""
+    return SAFE_WEIGHT_BITS if (int8_products_saturate() if saturates is None else saturates) else FULL_WEIGHT_BITS

@@ -16,9 +16,10 @@ import pytest
 
 import vllm_sr_runtime
 from vllm_sr_runtime.engines.onnxruntime import builder
+from vllm_sr_runtime import cpu_features
 from vllm_sr_runtime.cpu_features import int8_products_saturate
 from vllm_sr_runtime.errors import ArtifactError
-from vllm_sr_runtime.export import exporter, int8_sensitivity
+from vllm_sr_runtime.export import int8_sensitivity
 from vllm_sr_runtime.export.exporter import build_export_module, export_package
 
 HASWELL = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2"
@@ -96,7 +97,7 @@ def test_seven_bit_weights_stay_within_63_and_answer_as_their_numpy_reference():
     row_scale = np.abs(x).max(-1, keepdims=True) / 127
     x_q = np.round(x / row_scale)
     np.testing.assert_allclose(_run(_quantized_model(weight, 7, False), x), row_scale * (x_q @ w_q.astype(np.float64)) * w_scale, rtol=1e-5, atol=1e-4)
-    steps = split_low_steps(7)
+    steps = split_low_steps(63)
     high, low, scale = quantize_split(weight, 1, 63)
     assert steps == 126 and np.abs(low).max() <= 63
     assert np.abs(high * scale + low * (scale / steps) - weight).max() <= (scale / steps).max() / 2 * 1.001
@@ -129,17 +130,17 @@ def test_an_8bit_int8_artifact_is_refused_on_a_cpu_whose_products_saturate(packa
     manifest = json.loads(manifest_path.read_text())
     manifest["int8"].pop("weight_bits")  # an artifact from before the field holds 8-bit weights
     manifest_path.write_text(json.dumps(manifest))
-    monkeypatch.setattr(builder, "int8_products_saturate", lambda: True)
+    monkeypatch.setattr(cpu_features, "int8_products_saturate", lambda: True)
     question = {"q": {"type": "noul", "instructions": "Is this a refund?"}}
     answer = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=tmp_path / "seven").ask("The user asks for a refund.", question)["q"]["noul"]
     assert abs(answer - models("d3").ask("The user asks for a refund.", question)["q"]["noul"]) < 0.1
     with pytest.raises(ArtifactError, match="--int8-weight-bits 7"):
         vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=eight)
-    monkeypatch.setattr(builder, "int8_products_saturate", lambda: False)
+    monkeypatch.setattr(cpu_features, "int8_products_saturate", lambda: False)
     vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=eight)
     builder.refuse_saturating_int8({"dtype": "int8", "op_counts": {"com.microsoft::MatMulNBits": 3}}, eight, saturates=True)  # no u8 x s8 product
     builder.refuse_saturating_int8({"dtype": "fp32", "op_counts": {"ai.onnx::MatMul": 3}}, eight, saturates=True)
-    monkeypatch.setattr(exporter, "int8_products_saturate", lambda: True)
+    monkeypatch.setattr(cpu_features, "int8_products_saturate", lambda: True)
     with pytest.raises(ArtifactError, match="--int8-weight-bits 7"):
         export_package(packages["d3"], tmp_path / "refused", dtype="int8", progress=False, smoke="on", int8_fp32="rule")
     assert not (tmp_path / "refused").exists()

@@ -9,7 +9,7 @@ import json
 
 
 def report() -> dict:
-    from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
+    from vllm_sr_runtime.cpu_features import int8_products_saturate, widest_int8_weight_bits
     from vllm_sr_runtime.devices import auto_choice
     from vllm_sr_runtime.errors import UnsupportedDeviceError
     from vllm_sr_runtime.plugins import installed
@@ -38,7 +38,7 @@ def report() -> dict:
         auto = {"device": None, "why": [exc.message]}
     saturates = int8_products_saturate()
     cpu_int8 = {
-        "products_saturate": saturates, "int8_weight_bits": SAFE_WEIGHT_BITS if saturates else 8,
+        "products_saturate": saturates, "int8_weight_bits": widest_int8_weight_bits(saturates),
         "why": "x86-64 without VNNI: ONNX Runtime's u8 x s8 product sums byte pairs in saturating 16 bits" if saturates
         else "ONNX Runtime's int8 products accumulate in 32 bits on this CPU",
     }  # fmt: skip

@@ -10,7 +10,7 @@ from vllm_sr_runtime.artifacts import read_artifact, registered_exporter
 from vllm_sr_runtime.devices import Device
 from vllm_sr_runtime.engines import ModelSource
 from vllm_sr_runtime.engines.onnxruntime import OrtEngine
-from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
+from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS, SAFE_WEIGHT_BITS, widest_int8_weight_bits
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.packages.resolve import default_cache_dir
 
@@ -51,8 +51,8 @@ def refuse_saturating_int8(manifest: dict, artifact: Path, saturates: bool | Non
     Artifacts from before `int8.weight_bits` was recorded hold 8-bit weights."""
     if manifest.get("dtype") != "int8" or not any(op in manifest.get("op_counts", {}) for op in INTEGER_PRODUCTS):
         return
-    bits = (manifest.get("int8") or {}).get("weight_bits", 8)
-    if bits <= SAFE_WEIGHT_BITS or not (int8_products_saturate() if saturates is None else saturates):
+    bits = (manifest.get("int8") or {}).get("weight_bits", FULL_WEIGHT_BITS)
+    if bits <= widest_int8_weight_bits(saturates):
         return
     raise ArtifactError(
         f"artifact {artifact} is int8 with {bits}-bit weights, and this CPU (x86-64 with AVX2 or AVX-512 but no VNNI) runs "

@@ -169,7 +169,7 @@ def export_family(
 
     try:
         phase("load")
-        skeleton = build_export_module(family, dtype, weights=False)
+        skeleton = build_export_module(family, dtype, weights=False, readout_rows_only=True)
         streamed = StreamedModule.of(skeleton, family.weight_sources(_numerics(family, dtype)))
         sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
         config = family.backbone_config()
@@ -331,10 +331,11 @@ def measure_int8_sensitivity(
     return {**int8_sensitivity.summary(sensitivity, kept, target, tiered), "calibration": calibration.source, "calibration_parity": None}, sensitivity.answers
 
 
-def build_export_module(family: Family, dtype: str, *, weights: bool = True) -> torch.nn.Module:
-    """The module the graphs are traced from: without `weights` its parameters are meta tensors (the trace
-    needs shapes only; `Family.weight_sources` says where each weight is read from when it is written)."""
-    return family.export_module(_numerics(family, dtype), weights=weights)
+def build_export_module(family: Family, dtype: str, *, weights: bool = True, readout_rows_only: bool = False) -> torch.nn.Module:
+    """The module the graphs are traced from (`readout_rows_only`), or their eager reference: without `weights` its
+    parameters are meta tensors (the trace needs shapes only; `Family.weight_sources` says where each weight is
+    read from when it is written)."""
+    return family.export_module(_numerics(family, dtype), weights=weights, readout_rows_only=readout_rows_only)
 
 
 def _version(name: str) -> str | None:

@@ -11,7 +11,8 @@ def forward_flops(config, rows: int, tokens: int, causal: bool = False) -> float
     """2 x (linear parameters) per token, plus attention's QK^T and AV on full-attention layers and the
     Gated DeltaNet recurrence (state update and read, ~6 x dk x dv per head and token). `causal`: each query
     attends to itself and the keys before it, T(T+1)/2 query-key pairs (the work a kernel that skips masked keys
-    does, as the CPU engine's query blocks do), not T^2."""
+    does, as the CPU engine's query blocks do), not T^2. The work of a full forward, what `exact` does: exported
+    graphs compute the last layer at the readout's rows only (families/readout_rows.py), about 1/L of it less."""
     pairs = tokens * (tokens + 1) / 2 if causal else tokens * tokens
     hidden, ffn = config.hidden_size, config.intermediate_size
     layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers

@@ -85,9 +85,13 @@ class Family(ABC):
     def numerics(self, device_class: str) -> Numerics:
         return self.numerics_policy[device_class]
 
-    def export_module(self, numerics: Numerics, *, weights: bool = True) -> torch.nn.Module:
-        """The module `export` traces (prepare steps a family needs go in its override)."""
-        return self.build_module(numerics, torch.device("cpu"), weights=weights).eval()
+    def export_module(self, numerics: Numerics, *, weights: bool = True, readout_rows_only: bool = False) -> torch.nn.Module:
+        """The module `export` traces (prepare steps a family needs go in its override). `readout_rows_only`: its
+        last layer computes only the rows the readout reads (families/readout_rows.py), the form graphs are traced
+        in; the eager reference an export compares them with keeps the full model."""
+        module = self.build_module(numerics, torch.device("cpu"), weights=weights).eval()
+        module.readout_rows_only = readout_rows_only
+        return module
 
     def allow_media_urls(self, hosts: tuple[str, ...], allow_private: bool, timeout_s: float) -> None:
         """The server's policy for http(s) media URLs; families that read no media ignore it."""

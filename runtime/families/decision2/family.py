@@ -17,6 +17,7 @@ from vllm_sr_runtime.families.decision2 import package as pkg
 from vllm_sr_runtime.families.decision2.prompt import ROW_MULTIPLE, RenderedQuestion, batch_rows, render_question
 from vllm_sr_runtime.families.decision2.readout import CandidateHead, answer_from_logits
 from vllm_sr_runtime.families.questions import Question
+from vllm_sr_runtime.families.readout_rows import last_layer_at, prunable
 from vllm_sr_runtime.families.shared_context import continue_from_prefix, suffix_arrays
 from vllm_sr_runtime.families.tokenization import load_plain_tokenizer, pad_token_id
 from vllm_sr_runtime.families.weights import LoraDelta, WeightSource, meta_tensors, tensor_index
@@ -36,6 +37,7 @@ class Decision2Module(torch.nn.Module):
         self.backbone = backbone
         self.head = head
         self.autocast_dtype = autocast_dtype
+        self.readout_rows_only = False  # exported graphs: the last layer at the head's positions only (readout_rows)
 
     def _autocast(self, device: torch.device):
         if self.autocast_dtype is None:
@@ -49,10 +51,23 @@ class Decision2Module(torch.nn.Module):
         return torch.autocast(device_type=device.type, enabled=False)
 
     def forward(self, input_ids, attention_mask, position_ids, option_index, option_mask, query_index):
+        if self.readout_rows_only and prunable(self.backbone):
+            return self.forward_head_rows(input_ids, attention_mask, position_ids, option_index, option_mask, query_index)
         with self._autocast(input_ids.device):
             hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
         with self._fp32(input_ids.device):
             return self.head(hidden, option_index, option_mask, query_index)
+
+    def forward_head_rows(self, input_ids, attention_mask, position_ids, option_index, option_mask, query_index):
+        """forward with the last layer computed at the head's positions only: the options' endpoints, then the query
+        token; the head then reads them in that order."""
+        options = option_index.shape[1]
+        positions = torch.cat([option_index, query_index.view(-1, 1)], dim=1)
+        with self._autocast(input_ids.device), last_layer_at(self.backbone, positions):
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        local = torch.arange(options, device=input_ids.device).expand(option_index.shape[0], -1)
+        with self._fp32(input_ids.device):
+            return self.head(hidden, local, option_mask, torch.full_like(query_index, options))
 
     def forward_shared(self, prefix_ids, input_ids, attention_mask, option_index, option_mask, query_index):
         """Profile shared_context: suffix rows continue one prefix (causal, so the rows' hidden states are
@@ -90,9 +105,9 @@ class Decision2Family(Family):
     def detect(cls, root: Path) -> bool:
         return pkg.detect(root)
 
-    def export_module(self, numerics: Numerics, *, weights: bool = True) -> torch.nn.Module:
+    def export_module(self, numerics: Numerics, *, weights: bool = True, readout_rows_only: bool = False) -> torch.nn.Module:
         self.merge_adapter = True  # LoRA merged into the base weights: one plain graph
-        return super().export_module(numerics, weights=weights)
+        return super().export_module(numerics, weights=weights, readout_rows_only=readout_rows_only)
 
     @classmethod
     def open(cls, ref: PackageRef, *, base_path: Path | None = None, cache_dir=None, offline=None, **_: Any) -> "Decision2Family":

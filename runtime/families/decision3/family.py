@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from vllm_sr_runtime.families.decision3.prompt import BATCH_SIZE, NUM_CODES, Ren
 from vllm_sr_runtime.families.decision3.vision import VisionInputs, mrope_positions, prepare
 from vllm_sr_runtime.families.decision3.readout import CodeReadout, answer_from_probabilities
 from vllm_sr_runtime.families.questions import Question
+from vllm_sr_runtime.families.readout_rows import last_layer_at, prunable
 from vllm_sr_runtime.families.shared_context import continue_from_prefix, suffix_arrays
 from vllm_sr_runtime.families.tokenization import load_qwen2_tokenizer, pad_token_id
 from vllm_sr_runtime.families.weights import TensorRef, WeightSource, meta_tensors, parameters_on_meta, tensor_index
@@ -48,6 +50,7 @@ class Decision3Module(torch.nn.Module):
         self.image_token_id, self.video_token_id = media_token_ids
         # ONNX Attention does not broadcast the mask over query positions; Decision3Family.export_module sets this.
         self.full_mask_over_queries = False
+        self.readout_rows_only = False  # exported graphs: the last layer at the readout position only (readout_rows)
 
     def attention_masks(self, embeds: torch.Tensor, attention_mask: torch.Tensor):
         if not self.noncausal:
@@ -64,18 +67,26 @@ class Decision3Module(torch.nn.Module):
         }
 
     def hidden_states(self, input_ids, attention_mask, position_ids):
+        """[B, T, hidden]: the final hidden state at every position (the full model, whatever readout_rows_only says)."""
         embeds = self.text_model.embed_tokens(input_ids)
-        output = self.text_model(
-            inputs_embeds=embeds,
-            attention_mask=self.attention_masks(embeds, attention_mask),
-            position_ids=position_ids,
-            use_cache=False,
-        )
-        return output.last_hidden_state
+        masks = self.attention_masks(embeds, attention_mask)
+        return self.text_model(inputs_embeds=embeds, attention_mask=masks, position_ids=position_ids, use_cache=False).last_hidden_state
+
+    def last_hidden(self, embeds, attention_mask, position_ids):
+        """[B, hidden]: the final hidden state at the last position, the one the readout reads."""
+        masks = self.attention_masks(embeds, attention_mask)
+        with self.last_position_only(embeds):
+            output = self.text_model(inputs_embeds=embeds, attention_mask=masks, position_ids=position_ids, use_cache=False)
+        return output.last_hidden_state[:, -1]
+
+    def last_position_only(self, embeds):
+        if not (self.readout_rows_only and prunable(self.text_model)):
+            return contextlib.nullcontext()
+        batch, length = embeds.shape[:2]
+        return last_layer_at(self.text_model, torch.arange(length - 1, length, device=embeds.device).expand(batch, 1))
 
     def forward(self, input_ids, attention_mask, position_ids, option_mask):
-        hidden = self.hidden_states(input_ids, attention_mask, position_ids)
-        return self.readout(hidden[:, -1], option_mask)
+        return self.readout(self.last_hidden(self.text_model.embed_tokens(input_ids), attention_mask, position_ids), option_mask)
 
     def forward_media(
         self, input_ids, attention_mask, position_ids, option_mask,
@@ -99,10 +110,7 @@ class Decision3Module(torch.nn.Module):
         embeds = self.text_model.embed_tokens(input_ids)
         embeds = place_features(embeds, input_ids == self.image_token_id, image_features)
         embeds = place_features(embeds, input_ids == self.video_token_id, video_features)
-        output = self.text_model(
-            inputs_embeds=embeds, attention_mask=self.attention_masks(embeds, attention_mask), position_ids=position_ids, use_cache=False
-        )
-        return self.readout(output.last_hidden_state[:, -1], option_mask)
+        return self.readout(self.last_hidden(embeds, attention_mask, position_ids), option_mask)
 
     def forward_shared(self, prefix_ids, input_ids, attention_mask, query_index, option_mask):
         """Profile shared_context: the state prefix is encoded once (bidirectionally among its own tokens when
@@ -207,8 +215,8 @@ class Decision3Family(Family):
     def backbone_config(self):
         return text_config_from_dict("qwen3_5_text", self.package.config["text_config"])
 
-    def export_module(self, numerics: Numerics, *, weights: bool = True) -> torch.nn.Module:
-        module = super().export_module(numerics, weights=weights)
+    def export_module(self, numerics: Numerics, *, weights: bool = True, readout_rows_only: bool = False) -> torch.nn.Module:
+        module = super().export_module(numerics, weights=weights, readout_rows_only=readout_rows_only)
         module.full_mask_over_queries = True  # ONNX Attention does not broadcast the mask over query positions
         return module
 

@@ -169,7 +169,7 @@ def export_family(
 
     try:
         phase("load")
-        skeleton = build_export_module(family, dtype, weights=False, readout_rows_only=True)
+        skeleton = build_export_module(family, dtype, weights=False, readout_rows_only=traces_readout_rows(variant))
         streamed = StreamedModule.of(skeleton, family.weight_sources(_numerics(family, dtype)))
         sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
         config = family.backbone_config()
@@ -329,6 +329,13 @@ def measure_int8_sensitivity(
         kept, tiered = int8_sensitivity.choose(sensitivity, target), []
     # calibration_parity: the finished int8 graph against these eager answers, filled in by the smoke phase
     return {**int8_sensitivity.summary(sensitivity, kept, target, tiered), "calibration": calibration.source, "calibration_parity": None}, sensitivity.answers
+
+
+def traces_readout_rows(variant: str) -> bool:
+    """Whether a variant's graphs compute the last layer at the readout's rows only (families/readout_rows.py). Not
+    the portable one: its Attention is lowered to primitive ops that need static query lengths, and the readout's
+    row count is not static (Decision 2.0's options)."""
+    return variant != "portable"
 
 
 def build_export_module(family: Family, dtype: str, *, weights: bool = True, readout_rows_only: bool = False) -> torch.nn.Module:

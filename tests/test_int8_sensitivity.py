@@ -273,9 +273,9 @@ def test_measured_int8_is_refused_before_loading_where_its_backward_does_not_fit
     monkeypatch.setattr(exporter, "available_memory_bytes", lambda: 1024)
     skeleton_only = exporter.build_export_module
 
-    def no_eager_model(family, dtype, *, weights=True):
+    def no_eager_model(family, dtype, *, weights=True, **options):
         assert not weights, "the eager model was loaded"
-        return skeleton_only(family, dtype, weights=False)
+        return skeleton_only(family, dtype, weights=False, **options)
 
     monkeypatch.setattr(exporter, "build_export_module", no_eager_model)
     with pytest.raises(ArtifactError, match=r"--int8-fp32 rule") as refused:

@@ -131,13 +131,40 @@ def test_export_module_answers_like_the_full_module(packages, name):
     torch.testing.assert_close(actual[finite], expected[finite], rtol=0, atol=1e-5)
 
 
-def test_refuses_to_continue_a_cached_prefix(models):
-    """The selected rows' attention reads the given rows' keys only, so continuing a cached prefix (what
-    shared_context does) would silently drop the prefix: refused."""
+def test_rows_continue_a_cached_prefix(models):
+    """A suffix pass after a cached prefix (what shared_context does): the rows attend to the prefix's keys too."""
     backbone = models("d2_qwen3").engine.module.backbone
-    ids, mask = padded(1, 12, 0)
+    ids, _ = padded(1, 12, 0)
+    positions = torch.tensor([[3, 0, 2]])
     with torch.inference_mode():
+        full = backbone(input_ids=ids).last_hidden_state[:, 8:]
         cache = backbone(input_ids=ids[:, :8], use_cache=True).past_key_values
-        assert cache.get_seq_length() == 8
-        with last_layer_at(backbone, torch.tensor([[3]])), pytest.raises(ValueError, match="cached prefix"):
-            backbone(input_ids=ids[:, 8:], cache=cache, use_cache=True)
+        with last_layer_at(backbone, positions):
+            rows = backbone(input_ids=ids[:, 8:], cache=cache, use_cache=True).last_hidden_state
+    torch.testing.assert_close(rows, full[:, positions[0]], rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["d2_qwen3", "d2_qwen3_5", "d3", "d3_causal"])
+def test_shared_context_module_answers_like_the_full_module(packages, name):
+    """forward_shared (the shared_context graph's source): the suffix pass's last layer at the readout's rows,
+    attending to the cached prefix's keys too, answers like the full module."""
+    import vllm_sr_runtime
+
+    family = vllm_sr_runtime.load(packages[name], **load_kwargs(name, packages[name])).family
+    full = build_export_module(family, "fp32")
+    pruned = build_export_module(family, "fp32", readout_rows_only=True)
+    plan = family.share(family.plan(SMOKE_STATE, SMOKE_QUESTIONS), 0)
+    assert plan.batches[0].shared
+    inputs = plan.batches[0].inputs
+    args = [torch.as_tensor(inputs[key]) for key in family.shared_input_names]
+    text_model = pruned.backbone if name.startswith("d2") else pruned.text_model
+    with torch.inference_mode():
+        expected = full.forward_shared(*args)
+        seen, handle = mlp_rows(text_model)
+        actual = pruned.forward_shared(*args)
+        handle.remove()
+    rows = inputs["option_index"].shape[1] + 1 if name.startswith("d2") else 1
+    assert seen == [inputs["prefix_ids"].shape[1], rows]  # the prefix pass runs whole, the suffix pass at the rows
+    finite = torch.isfinite(expected)
+    assert torch.equal(finite, torch.isfinite(actual))
+    torch.testing.assert_close(actual[finite], expected[finite], rtol=0, atol=1e-5)

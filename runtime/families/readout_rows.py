@@ -4,11 +4,11 @@ A readout reads a few positions of the last hidden state (Decision 3.0: the last
 endpoint and the query token), so the last layer's work for every other row is thrown away: its queries, attention,
 output projection and MLP are per-row work, and only its keys and values (full attention) or its recurrence (Gated
 DeltaNet) need every row. With the layer patched as below, the text model returns the hidden state of the selected
-rows only, [batch, K, hidden], in their order: one layer's per-token work and one layer's quadratic attention less
-per forward (about 1/L of a prompt's cost for L layers, more at long prompts). The answers are the unpruned
-model's up to float rounding (other GEMM shapes), which is why `exact` (the reference numerics) keeps the full model
-and only exported graphs take this form (their smoke parity checks it against the full eager model).
-"""
+rows only, [batch, K, hidden], in their order (after a cached prefix too: shared_context's question pass): one
+layer's per-token work and one layer's quadratic attention less per forward (about 1/L of a prompt's cost for L
+layers, more at long prompts). The answers are the unpruned model's up to float rounding (other GEMM shapes), which
+is why `exact` (the reference numerics) keeps the full model and only exported graphs take this form (their smoke
+parity checks it against the full eager model)."""
 
 from __future__ import annotations
 
@@ -54,9 +54,7 @@ def last_layer_at(text_model: torch.nn.Module, positions: torch.Tensor) -> Itera
         if hasattr(self, "linear_attn"):  # the recurrence needs every row; only its output is selected
             mixed = gather_rows(self.linear_attn(hidden_states=normed, cache=cache, attention_mask=attention_mask, **kwargs), positions)
         else:
-            if cache is not None and cache.get_seq_length(self.self_attn.layer_idx) > 0:
-                raise ValueError("last_layer_at computes attention over the given rows only, not continuing a cached prefix")
-            mixed = attention_rows(self.self_attn, normed, positions, position_embeddings, attention_mask)
+            mixed = attention_rows(self.self_attn, normed, positions, position_embeddings, attention_mask, cache)
         hidden = residual + mixed
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
@@ -67,9 +65,10 @@ def last_layer_at(text_model: torch.nn.Module, positions: torch.Tensor) -> Itera
         del layer.forward
 
 
-def attention_rows(attention: torch.nn.Module, normed: torch.Tensor, positions: torch.Tensor, position_embeddings, mask) -> torch.Tensor:
+def attention_rows(attention: torch.nn.Module, normed: torch.Tensor, positions: torch.Tensor, position_embeddings, mask, cache=None) -> torch.Tensor:
     """A Qwen3 / Qwen3.5 attention module's output at `positions` only: queries from those rows, keys and values
-    from every row (Qwen3.5's output gate is the second half of its q_proj, as in its own forward)."""
+    from every row, after a cached prefix's when `cache` holds one (shared_context's suffix pass); Qwen3.5's output
+    gate is the second half of its q_proj, as in its own forward."""
     batch, length, _ = normed.shape
     rows = positions.shape[1]
     head_dim = attention.head_dim
@@ -85,23 +84,28 @@ def attention_rows(attention: torch.nn.Module, normed: torch.Tensor, positions: 
     cos, sin = position_embeddings
     query, _ = apply_rotary(query, query, gather_rows(cos, positions), gather_rows(sin, positions))
     _, key = apply_rotary(key, key, cos, sin)
+    past = 0
+    if cache is not None:
+        past = cache.get_seq_length(attention.layer_idx)
+        key, value = cache.update(key, value, attention.layer_idx)
+    rows_mask = mask_rows(mask, positions, key.shape[2], attention.is_causal, past)
     interface = ALL_ATTENTION_FUNCTIONS[attention.config._attn_implementation]
-    output, _ = interface(attention, query, key, value, mask_rows(mask, positions, length, attention.is_causal), dropout=0.0, scaling=attention.scaling, is_causal=False)
+    output, _ = interface(attention, query, key, value, rows_mask, dropout=0.0, scaling=attention.scaling, is_causal=False)
     output = output.reshape(batch, rows, -1)
     if gate is not None:
         output = output * torch.sigmoid(gate)
     return attention.o_proj(output)
 
 
-def mask_rows(mask: torch.Tensor | None, positions: torch.Tensor, length: int, causal: bool) -> torch.Tensor | None:
-    """The selected queries' rows of a [B, 1 or H, T, T] attention mask (a mask with one query row already
+def mask_rows(mask: torch.Tensor | None, positions: torch.Tensor, keys: int, causal: bool, past: int = 0) -> torch.Tensor | None:
+    """The selected queries' rows of a [B, 1 or H, T, keys] attention mask (a mask with one query row already
     broadcasts). None stands for causal without padding (transformers' SDPA path then passes no mask): the rows
-    see the keys up to their own position."""
+    see the keys up to their own position, after `past` cached ones."""
     if mask is None:
         if not causal:
             return None
-        keys = torch.arange(length, device=positions.device)
-        return (keys[None, None, None, :] <= positions[:, None, :, None])
+        key_positions = torch.arange(keys, device=positions.device)
+        return key_positions[None, None, None, :] <= (positions + past)[:, None, :, None]
     if mask.shape[2] == 1:
         return mask
     mask = mask.expand(positions.shape[0], -1, -1, -1)

@@ -9,11 +9,14 @@ why the profile is approximate and judged by `parity`.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 import torch
 from transformers import DynamicCache
+
+from vllm_sr_runtime.families.readout_rows import last_layer_at
 
 
 
@@ -77,8 +80,10 @@ def continue_from_prefix(
     suffix_mask: torch.Tensor,
     *,
     causal: bool,
+    selected: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Last hidden states [B, S, H] of the suffix rows, each continuing the one prefix [1, P, H]."""
+    """Last hidden states [B, S, H] of the suffix rows, each continuing the one prefix [1, P, H]; with `selected`
+    ([B, K] suffix positions) only those, [B, K, H], the suffix pass's last layer computed at them (readout_rows)."""
     prefix_length = prefix_embeds.shape[1]
     rows, width = suffix_mask.shape
     device = prefix_embeds.device
@@ -93,11 +98,12 @@ def continue_from_prefix(
     )
     cache.reorder_cache(torch.zeros(rows, dtype=torch.long, device=device))
     positions = (prefix_length + torch.arange(width, device=device))[None].expand(rows, -1)
-    output = text_model(
-        inputs_embeds=suffix_embeds,
-        attention_mask=_masks(text_model, suffix_mask, prefix_length, causal),
-        position_ids=positions,
-        cache=cache,
-        use_cache=True,
-    )
+    with contextlib.nullcontext() if selected is None else last_layer_at(text_model, selected):
+        output = text_model(
+            inputs_embeds=suffix_embeds,
+            attention_mask=_masks(text_model, suffix_mask, prefix_length, causal),
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+        )
     return output.last_hidden_state

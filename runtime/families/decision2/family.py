@@ -51,32 +51,45 @@ class Decision2Module(torch.nn.Module):
         return torch.autocast(device_type=device.type, enabled=False)
 
     def forward(self, input_ids, attention_mask, position_ids, option_index, option_mask, query_index):
-        if self.readout_rows_only and prunable(self.backbone):
-            return self.forward_head_rows(input_ids, attention_mask, position_ids, option_index, option_mask, query_index)
-        with self._autocast(input_ids.device):
+        rows = self.head_rows(option_index, query_index)
+        with self._autocast(input_ids.device), rows.computed_only(self.backbone):
             hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        option_rows, query_row = rows.indices(option_index, query_index)
         with self._fp32(input_ids.device):
-            return self.head(hidden, option_index, option_mask, query_index)
-
-    def forward_head_rows(self, input_ids, attention_mask, position_ids, option_index, option_mask, query_index):
-        """forward with the last layer computed at the head's positions only: the options' endpoints, then the query
-        token; the head then reads them in that order."""
-        options = option_index.shape[1]
-        positions = torch.cat([option_index, query_index.view(-1, 1)], dim=1)
-        with self._autocast(input_ids.device), last_layer_at(self.backbone, positions):
-            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-        local = torch.arange(options, device=input_ids.device).expand(option_index.shape[0], -1)
-        with self._fp32(input_ids.device):
-            return self.head(hidden, local, option_mask, torch.full_like(query_index, options))
+            return self.head(hidden, option_rows, option_mask, query_row)
 
     def forward_shared(self, prefix_ids, input_ids, attention_mask, option_index, option_mask, query_index):
         """Profile shared_context: suffix rows continue one prefix (causal, so the rows' hidden states are
         the full rows' ones); option and query indices are relative to the suffix."""
         embed = self.backbone.get_input_embeddings()
+        rows = self.head_rows(option_index, query_index)
         with self._autocast(input_ids.device):
-            hidden = continue_from_prefix(self.backbone, embed(prefix_ids), embed(input_ids), attention_mask, causal=True)
+            hidden = continue_from_prefix(self.backbone, embed(prefix_ids), embed(input_ids), attention_mask, causal=True, selected=rows.positions)
+        option_rows, query_row = rows.indices(option_index, query_index)
         with self._fp32(input_ids.device):
-            return self.head(hidden, option_index, option_mask, query_index)
+            return self.head(hidden, option_rows, option_mask, query_row)
+
+    def head_rows(self, option_index, query_index) -> "HeadRows":
+        pruned = self.readout_rows_only and prunable(self.backbone)
+        return HeadRows(torch.cat([option_index, query_index.view(-1, 1)], dim=1) if pruned else None)
+
+
+class HeadRows:
+    """The rows the candidate head reads: every option's endpoint, then the query token. With `positions` (exported
+    graphs) the last layer computes only those and the head reads them in that order; without, the full model."""
+
+    def __init__(self, positions: torch.Tensor | None):
+        self.positions = positions
+
+    def computed_only(self, backbone: torch.nn.Module):
+        return contextlib.nullcontext() if self.positions is None else last_layer_at(backbone, self.positions)
+
+    def indices(self, option_index, query_index):
+        """(option index, query index) into the hidden states the backbone returned."""
+        if self.positions is None:
+            return option_index, query_index
+        options = option_index.shape[1]
+        return torch.arange(options, device=option_index.device).expand(option_index.shape[0], -1), torch.full_like(query_index, options)
 
 
 class Decision2Family(Family):

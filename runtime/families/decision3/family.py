@@ -116,6 +116,11 @@ class Decision3Module(torch.nn.Module):
         """Profile shared_context: the state prefix is encoded once (bidirectionally among its own tokens when
         non-causal) and every question's suffix attends to it; readout at each row's last real token."""
         embed = self.text_model.embed_tokens
+        if self.readout_rows_only and prunable(self.text_model):
+            hidden = continue_from_prefix(
+                self.text_model, embed(prefix_ids), embed(input_ids), attention_mask, causal=not self.noncausal, selected=query_index.view(-1, 1)
+            )
+            return self.readout(hidden[:, 0], option_mask)
         hidden = continue_from_prefix(self.text_model, embed(prefix_ids), embed(input_ids), attention_mask, causal=not self.noncausal)
         last = hidden[torch.arange(hidden.shape[0], device=hidden.device), query_index]
         return self.readout(last, option_mask)

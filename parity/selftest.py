@@ -226,8 +226,8 @@ def run_selftest(options: SelftestOptions) -> dict:
             artifact = out / "artifacts" / f"{name}-{variant}-{dtype}"
             log(f"{name}: export {variant}/{dtype}")
             # int8 on a CPU whose integer products saturate on 8-bit weights: the 7-bit form this host can serve
-            narrow = dtype == "int8" and device.kind == "cpu" and widest_int8_weight_bits() < FULL_WEIGHT_BITS
-            bits = {"int8_weight_bits": widest_int8_weight_bits()} if narrow else {}
+            widest = widest_int8_weight_bits() if dtype == "int8" and device.kind == "cpu" else FULL_WEIGHT_BITS
+            bits = {"int8_weight_bits": widest} if widest < FULL_WEIGHT_BITS else {}
             row |= bits
             try:
                 export_package(package, artifact, variant=variant, dtype=dtype, base_path=base, progress=False, smoke="off", **bits)

@@ -76,14 +76,15 @@ class Decision3Module(torch.nn.Module):
         """[B, hidden]: the final hidden state at the last position, the one the readout reads."""
         masks = self.attention_masks(embeds, attention_mask)
         batch, length = embeds.shape[:2]
-        last = self.readout_rows(lambda: torch.arange(length - 1, length, device=embeds.device).expand(batch, 1))
-        with contextlib.nullcontext() if last is None else last_layer_at(self.text_model, last):
+        last = torch.arange(length - 1, length, device=embeds.device).expand(batch, 1)
+        with last_layer_at(self.text_model, last) if self.prunes_last_layer else contextlib.nullcontext():
             output = self.text_model(inputs_embeds=embeds, attention_mask=masks, position_ids=position_ids, use_cache=False)
         return output.last_hidden_state[:, -1]
 
-    def readout_rows(self, positions) -> torch.Tensor | None:
-        """The positions (`positions()`, [B, 1]) the last layer computes alone in exported graphs; None: every row."""
-        return positions() if self.readout_rows_only and prunable(self.text_model) else None
+    @property
+    def prunes_last_layer(self) -> bool:
+        """Whether the last layer computes the readout's row alone (exported graphs; readout_rows)."""
+        return self.readout_rows_only and prunable(self.text_model)
 
     def forward(self, input_ids, attention_mask, position_ids, option_mask):
         return self.readout(self.last_hidden(self.text_model.embed_tokens(input_ids), attention_mask, position_ids), option_mask)
@@ -116,7 +117,7 @@ class Decision3Module(torch.nn.Module):
         """Profile shared_context: the state prefix is encoded once (bidirectionally among its own tokens when
         non-causal) and every question's suffix attends to it; readout at each row's last real token."""
         embed = self.text_model.embed_tokens
-        selected = self.readout_rows(lambda: query_index.view(-1, 1))
+        selected = query_index.view(-1, 1) if self.prunes_last_layer else None
         hidden = continue_from_prefix(self.text_model, embed(prefix_ids), embed(input_ids), attention_mask, causal=not self.noncausal, selected=selected)
         last = hidden[:, 0] if selected is not None else hidden[torch.arange(hidden.shape[0], device=hidden.device), query_index]
         return self.readout(last, option_mask)

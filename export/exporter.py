@@ -169,7 +169,7 @@ def export_family(
 
     try:
         phase("load")
-        skeleton = build_export_module(family, dtype, weights=False, readout_rows_only=traces_readout_rows(variant))
+        skeleton = build_export_module(family, dtype, weights=False, readout_rows_only=True)
         streamed = StreamedModule.of(skeleton, family.weight_sources(_numerics(family, dtype)))
         sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
         config = family.backbone_config()
@@ -231,7 +231,8 @@ def export_family(
             media = export_media(context) if family.reads_media else None
             del eager, context
             phase("finalize")
-            manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, parity, shared, media)
+            last_layer = "readout_rows" if getattr(skeleton, "prunes_last_layer", False) else "full"
+            manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, parity, shared, media, last_layer)
             manifest["buckets"] = buckets
             manifest["golden"] = golden  # None when the smoke parity did not run (no eager model to answer)
             manifest["cuda_kernels"] = cuda_check
@@ -331,13 +332,6 @@ def measure_int8_sensitivity(
     return {**int8_sensitivity.summary(sensitivity, kept, target, tiered), "calibration": calibration.source, "calibration_parity": None}, sensitivity.answers
 
 
-def traces_readout_rows(variant: str) -> bool:
-    """Whether a variant's graphs compute the last layer at the readout's rows only (families/readout_rows.py). Not
-    the portable one: its Attention is lowered to primitive ops that need static query lengths, and the readout's
-    row count is not static (Decision 2.0's options)."""
-    return variant != "portable"
-
-
 def build_export_module(family: Family, dtype: str, *, weights: bool = True, readout_rows_only: bool = False) -> torch.nn.Module:
     """The module the graphs are traced from (`readout_rows_only`), or their eager reference: without `weights` its
     parameters are meta tensors (the trace needs shapes only; `Family.weight_sources` says where each weight is
@@ -353,7 +347,8 @@ def _version(name: str) -> str | None:
 
 
 def _manifest(
-    family: Family, model_path: Path, variant: str, dtype: str, opset: int, counts: dict, smoke: dict, shared: dict | None, media: dict | None
+    family: Family, model_path: Path, variant: str, dtype: str, opset: int, counts: dict, smoke: dict, shared: dict | None, media: dict | None,
+    last_layer: str,
 ) -> dict:
     package = family.package
     model = onnx.load(str(model_path), load_external_data=False)
@@ -370,6 +365,7 @@ def _manifest(
         "variant": variant,
         "dtype": dtype,
         "opset": opset,
+        "last_layer": last_layer,  # readout_rows: the graphs' last layer computes the rows the readout reads, no others
         "op_domains": sorted({key.split("::")[0] for key in counts}),
         "op_counts": counts,
         "io": {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)},

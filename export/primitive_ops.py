@@ -61,14 +61,16 @@ def lower_attention(
         raise ValueError(f"Attention {node.name}: 4-D query and key with known shapes expected")
     heads, kv_heads = (shape[1] if isinstance(shape[1], int) and shape[1] > 0 else fallback for shape, fallback in zip((q_shape, k_shape), heads))
     head_dim, length, key_length = k_shape[3], q_shape[2], k_shape[2]
-    if not all(isinstance(d, int) and d > 0 for d in (heads, kv_heads, head_dim, length, key_length)):
-        raise ValueError(f"Attention {node.name}: heads, lengths and head size must be static")
+    if not all(isinstance(d, int) and d > 0 for d in (heads, kv_heads, head_dim, key_length)):
+        raise ValueError(f"Attention {node.name}: heads, key length and head size must be static")
+    if not (isinstance(length, int) and length > 0):
+        length = None  # a dynamic query count (the readout's rows in a pruned last layer): one block
     scale = float(attribute(node, "scale", 0.0) or head_dim**-0.5)
     b = builder
     k_t = b.op("Transpose", [k], perm=[0, 1, 3, 2])
     mask_type = shapes.get(f"{mask}#type") if mask else None
-    blocks = length // QUERY_BLOCK if length > QUERY_BLOCK and length % QUERY_BLOCK == 0 else 1
-    rows = length // blocks
+    blocks = length // QUERY_BLOCK if length and length > QUERY_BLOCK and length % QUERY_BLOCK == 0 else 1
+    rows = length // blocks if length else None
     queries = b.op_outputs("Split", [q, b.const([rows] * blocks)], blocks, axis=2) if blocks > 1 else [q]
     mask_shape = shapes.get(mask) or [None] * 4
     if mask and blocks > 1 and mask_shape[-2] != 1:
@@ -87,11 +89,13 @@ def lower_attention(
 
 
 def _attend(b: GraphBuilder, q: str, k_t: str, v: str, mask: str, mask_type, element_type: int, scale: float, dims: tuple) -> str:
-    """Softmax(q k^T * scale + mask) v for one block of query rows [B, H, rows, D]."""
+    """Softmax(q k^T * scale + mask) v for one block of query rows [B, H, rows, D] (rows None: not static)."""
     heads, kv_heads, head_dim, rows, key_length = dims
     group = heads // kv_heads
+    grouped_rows = group * rows if rows else -1
+    rows = rows or -1
     if group > 1:  # [B, Hkv, G*rows, D]: query heads h = kv * G + g share key/value head kv
-        q = b.op("Reshape", [q, b.const([0, kv_heads, group * rows, head_dim])])
+        q = b.op("Reshape", [q, b.const([0, kv_heads, grouped_rows, head_dim])])
     scores = b.op("MatMul", [q, k_t])
     if element_type != TensorProto.FLOAT:
         scores = b.op("Cast", [scores], to=TensorProto.FLOAT)  # the softmax in FP32
@@ -111,7 +115,7 @@ def _attend(b: GraphBuilder, q: str, k_t: str, v: str, mask: str, mask_type, ele
         weights = b.op("Cast", [weights], to=element_type)
     if group == 1:
         return b.op("MatMul", [weights, v])
-    weights = b.op("Reshape", [weights, b.const([0, kv_heads, group * rows, key_length])])  # [B, Hkv, G*rows, S]
+    weights = b.op("Reshape", [weights, b.const([0, kv_heads, grouped_rows, key_length])])  # [B, Hkv, G*rows, S]
     return b.op("Reshape", [b.op("MatMul", [weights, v]), b.const([0, heads, rows, head_dim])])
 
 

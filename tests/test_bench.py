@@ -45,6 +45,8 @@ def test_bench_forward(packages, tmp_path):
     for row in rows:
         exact = next(r for r in rows if r["profile"] == "exact" and r["target_length"] == row["target_length"] and r["questions"] == row["questions"])
         assert abs(row["ratio_to_exact"] - exact["median_ms"] / row["median_ms"]) < 1e-9
+        if row["profile"] == "max_speed":  # the artifact's last layer computes the readout's row only: less work counted
+            assert 0.5 * exact["gflop"] < row["gflop"] < exact["gflop"]
         assert row["length"] <= row["target_length"] or row["length"] == min(r["length"] for r in rows)
     assert (out / "latency_vs_length.png").stat().st_size > 1000
     assert "GEMM limit" in result.stdout and "int8 GEMM limit" in result.stdout and "samples between the rows" in result.stdout
@@ -265,6 +267,51 @@ def test_causal_attention_counts_each_query_against_the_keys_up_to_it(packages, 
     causal, full = forward_flops(config, rows, tokens, causal=True), forward_flops(config, rows, tokens)
     assert full - causal == rows * per_pair * (tokens * tokens - tokens * (tokens + 1) / 2)
     assert family.causal_attention == (name != "d3")  # the d3 fixture is non-causal, as the released packages
+
+
+@pytest.mark.parametrize("name", ["d2_qwen3", "d2_qwen3_5", "d3"])
+def test_a_pruned_last_layer_counts_its_per_row_work_at_the_readouts_rows(packages, name):
+    """An exported graph's last layer (readout_rows) computes queries, output projection and MLP at the K rows the
+    readout reads, each query against all T keys; keys/values and every earlier layer at all T rows."""
+    from vllm_sr_runtime.bench.flops import batches_flops, forward_flops
+
+    family = vllm_sr_runtime.load(packages[name], profile="exact").family
+    config = family.backbone_config()
+    last = (getattr(config, "layer_types", None) or ["full_attention"])[-1]
+    assert last == "full_attention"  # the fixtures' last layer (Qwen3.5's pattern ends with one)
+    hidden, heads, head_dim = config.hidden_size, config.num_attention_heads, config.head_dim
+    q_width = heads * head_dim * (2 if config.model_type == "qwen3_5_text" else 1)
+    per_row = 2 * (3 * hidden * config.intermediate_size + hidden * q_width + heads * head_dim * hidden)
+    rows, tokens, kept = 2, 97, 5
+    for causal in (False, True):
+        full = forward_flops(config, rows, tokens, causal)
+        pairs = tokens * (tokens + 1) / 2 if causal else tokens * tokens
+        removed = per_row * (tokens - kept) + 2 * 2 * heads * head_dim * (pairs - kept * tokens)
+        assert forward_flops(config, rows, tokens, causal, last_layer_rows=kept) == pytest.approx(full - rows * removed)
+        assert forward_flops(config, rows, tokens, causal, last_layer_rows=tokens) == full
+    plan = family.plan("a state to read", {"q": {"type": "choice", "instructions": "Which?", "criteria": {"a": "A", "b": "B", "c": None}}})
+    (batch,) = plan.batches
+    read = family.readout_row_count(batch.inputs)
+    assert read == (4 if name.startswith("d2") else 1)  # three options' endpoints and the query token; d3: the last token
+    width = batch.inputs["input_ids"].shape[1]
+    assert batches_flops(family, [batch], readout_rows_only=True) == pytest.approx(
+        forward_flops(config, 1, width, family.causal_attention, last_layer_rows=read)
+    )
+    assert batches_flops(family, [batch]) == pytest.approx(forward_flops(config, 1, width, family.causal_attention))
+
+
+def test_bench_reads_the_last_layers_form_from_the_artifact():
+    from types import SimpleNamespace
+
+    from vllm_sr_runtime.bench.flops import computes_readout_rows_only
+
+    def model(artifact):
+        return SimpleNamespace(engine=SimpleNamespace(artifact=artifact))
+
+    assert computes_readout_rows_only(model({"last_layer": "readout_rows"}))
+    assert not computes_readout_rows_only(model({"last_layer": "full"}))
+    assert not computes_readout_rows_only(model({"dtype": "fp32"}))  # an artifact from before the field: the full layer
+    assert not computes_readout_rows_only(SimpleNamespace(engine=SimpleNamespace()))  # eager exact
 
 
 def test_ort_profile_refuses_graphs_served_off_the_cpu():

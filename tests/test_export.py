@@ -13,6 +13,7 @@ import torch
 
 import vllm_sr_runtime
 from conftest import load_kwargs
+from matmul_graphs import matmul_graph
 from vllm_sr_runtime.artifacts import read_artifact
 from vllm_sr_runtime.export.exporter import export_package
 from vllm_sr_runtime.errors import ArtifactError
@@ -62,6 +63,7 @@ def test_graph_ops(artifacts, name, variant):
         assert not any(domain == "com.microsoft" for domain, _ in ops)
         assert manifest["op_domains"] == ["ai.onnx"]
     assert manifest["variant"] == variant and manifest["dtype"] == "fp32"
+    assert manifest["last_layer"] == "readout_rows"  # both variants compute the last layer at the readout's rows
     assert manifest["op_counts"] == dict(sorted(manifest["op_counts"].items()))
 
 
@@ -505,7 +507,7 @@ def test_artifact_records_its_smoke_and_where_the_export_went(artifacts):
 def test_streamed_graphs_equal_a_trace_with_weights(artifacts, packages, name):
     """The artifact's graphs (and the shared_context graph) are the ones torch.onnx makes from the module with
     its weights: same ops, same wiring, every weight byte-identical (so the same answers, bit for bit)."""
-    from vllm_sr_runtime.export.exporter import build_export_module, traces_readout_rows
+    from vllm_sr_runtime.export.exporter import build_export_module
     from vllm_sr_runtime.export.graph_emit import translation_table
     from vllm_sr_runtime.export.smoke import SMOKE_QUESTIONS, SMOKE_STATE
     from reference_trace import assert_same_graph, reference_trace
@@ -514,7 +516,7 @@ def test_streamed_graphs_equal_a_trace_with_weights(artifacts, packages, name):
 
     ref = resolve_package(packages[name])
     family = open_family(ref, **load_kwargs(name, packages[name]))
-    module = build_export_module(family, "fp32", readout_rows_only=traces_readout_rows("contrib"))
+    module = build_export_module(family, "fp32", readout_rows_only=True)
     artifact = artifacts[(name, "contrib")]
     sample = family.plan(SMOKE_STATE, SMOKE_QUESTIONS).batches[0].inputs
     reference = reference_trace(module, sample, family.input_names, family.dynamic_axes, family.output_name, translation_table(family.backbone_config()))
@@ -540,27 +542,6 @@ def test_max_speed_tells_causal_from_noncausal(artifacts, models, packages, tmp_
     assert max_difference(noncausal, causal) > FAR
 
 
-def _one_matmul_graph(weight: np.ndarray):
-    """A traced graph holding one MatMul x @ weight whose weight is a package tensor (what quantize_matmuls rewrites)."""
-    import onnx_ir as ir
-
-    from vllm_sr_runtime.export.streaming import TracedGraph
-
-    x = ir.Value(name="x", shape=ir.Shape(["batch", "rows", weight.shape[0]]), type=ir.TensorType(ir.DataType.FLOAT))
-    w = ir.Value(name="w", shape=ir.Shape(list(weight.shape)), type=ir.TensorType(ir.DataType.FLOAT), const_value=ir.tensor(weight, name="w"))
-    flipped = np.ascontiguousarray(-weight)
-    v = ir.Value(name="v", shape=ir.Shape(list(weight.shape)), type=ir.TensorType(ir.DataType.FLOAT), const_value=ir.tensor(flipped, name="v"))
-    first = ir.Node("", "MatMul", [x, w], name="first")
-    second = ir.Node("", "MatMul", [x, v], name="second")  # a second reader of the same activation
-    sub = ir.Node("", "Sub", [first.outputs[0], second.outputs[0]], name="difference")  # x @ w - x @ (-w) = 2 x @ w
-    sub.outputs[0].name, sub.outputs[0].dtype, sub.outputs[0].shape = "y", ir.DataType.FLOAT, ir.Shape(["batch", "rows", weight.shape[1]])
-    graph = ir.Graph([x], [sub.outputs[0]], nodes=[first, second, sub], initializers=[w, v], opset_imports={"": 21})
-    traced = TracedGraph(ir.Model(graph, ir_version=10), sources={})
-    traced.provenance[id(w.const_value)] = ("param", "layer.weight")
-    traced.provenance[id(v.const_value)] = ("param", "other.weight")
-    return traced
-
-
 def test_split_form_holds_a_kept_matmul_to_about_fifteen_bits_with_two_int8_products():
     """A weight the split form names runs as two MatMulIntegerToFloat over per-token activations (high x high, and
     both cross terms in one product: [high | low] x [low; high]): its answer equals a NumPy reference of the two
@@ -575,7 +556,7 @@ def test_split_form_holds_a_kept_matmul_to_about_fifteen_bits_with_two_int8_prod
     weight = rng.standard_normal((64, 48)).astype(np.float32)
     x = rng.standard_normal((2, 5, 64)).astype(np.float32)
     x[..., 7] *= 40.0  # an outlier channel: per token, it costs every other channel its precision
-    traced = _one_matmul_graph(weight)
+    traced = matmul_graph(weight, second_reader=True)
     split_names = {"layer.weight"}
     assert quantize_matmuls(traced, split_names.__contains__, "token", split=split_names.__contains__) == 2
     ops = [node.op_type for node in traced.model.graph]
@@ -657,7 +638,7 @@ def test_int8_activation_forms_quantize_each_input_once_and_compute_what_they_sa
     x[1, 2] *= 300.0  # one outlier token
     if form == "block":
         x[..., 3] *= 300.0  # and one outlier channel, in the first block of 32
-    traced = _one_matmul_graph(weight)
+    traced = matmul_graph(weight, second_reader=True)
     assert quantize_matmuls(traced, lambda name: False, form) == 2
     ops = [node.op_type for node in traced.model.graph]
     if form == "block":

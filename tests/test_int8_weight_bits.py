@@ -20,6 +20,7 @@ from vllm_sr_runtime import cpu_features
 from vllm_sr_runtime.cpu_features import int8_products_saturate
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.export import int8_sensitivity
+from matmul_graphs import matmul_graph
 from vllm_sr_runtime.export.exporter import build_export_module, export_package
 
 HASWELL = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2"
@@ -41,27 +42,12 @@ def test_saturation_is_read_from_the_cpu_flags(flags, machine, saturates):
     assert int8_products_saturate(flags, machine) is saturates
 
 
-def _one_matmul_graph(weight: np.ndarray):
-    import onnx_ir as ir
-
-    from vllm_sr_runtime.export.streaming import TracedGraph
-
-    x = ir.Value(name="x", shape=ir.Shape(["rows", weight.shape[0]]), type=ir.TensorType(ir.DataType.FLOAT))
-    w = ir.Value(name="w", shape=ir.Shape(list(weight.shape)), type=ir.TensorType(ir.DataType.FLOAT), const_value=ir.tensor(weight, name="w"))
-    node = ir.Node("", "MatMul", [x, w], name="linear")
-    node.outputs[0].name, node.outputs[0].dtype, node.outputs[0].shape = "y", ir.DataType.FLOAT, ir.Shape(["rows", weight.shape[1]])
-    graph = ir.Graph([x], [node.outputs[0]], nodes=[node], initializers=[w], opset_imports={"": 21})
-    traced = TracedGraph(ir.Model(graph, ir_version=10), sources={})
-    traced.provenance[id(w.const_value)] = ("param", "layer.weight")
-    return traced
-
-
 def _quantized_model(weight: np.ndarray, weight_bits: int, split: bool) -> onnx.ModelProto:
     import onnx_ir as ir
 
     from vllm_sr_runtime.export.int8 import quantize_matmuls
 
-    traced = _one_matmul_graph(weight)
+    traced = matmul_graph(weight)
     assert quantize_matmuls(traced, lambda name: False, "token", split=lambda name: split, weight_bits=weight_bits) == 1
     return ir.serde.serialize_model(traced.model)
 

@@ -146,3 +146,22 @@ def test_primitive_attention_in_query_blocks_matches_the_attention_op():
     assert sum(n.op_type == "Softmax" for n in nodes) == 2  # two blocks of query rows
     (lowered,) = run(nodes, {"q": q, "k": k, "v": v, "mask": mask}, ["y"])
     np.testing.assert_allclose(lowered, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_primitive_attention_takes_a_dynamic_query_count(kv_heads):
+    """A pruned last layer's queries are the readout's rows, a count the graph does not fix (Decision 2.0's
+    options): one block of them against the static keys, for any count the session is fed."""
+    rng = np.random.default_rng(7 + kv_heads)
+    k, v = (rng.standard_normal((2, kv_heads, 6, 8), dtype=np.float32) for _ in range(2))
+    fused = helper.make_node("Attention", ["q", "k", "v", "mask"], ["y"], scale=0.3)
+    shapes = {"q": [2, 4, "rows", 8], "k": [2, kv_heads, 6, 8], "mask": [2, 1, "rows", 6], "mask#type": TensorProto.BOOL}
+    nodes = lower_attention(fused, GraphBuilder("p"), TensorProto.FLOAT, shapes, (4, kv_heads))
+    for rows in (1, 3, 5):
+        q = rng.standard_normal((2, 4, rows, 8), dtype=np.float32)
+        mask = rng.random((2, 1, rows, 6)) > 0.3
+        mask[..., 0] = True
+        feed = {"q": q, "k": k, "v": v, "mask": mask}
+        (expected,) = run([fused], feed, ["y"])
+        (lowered,) = run(nodes, feed, ["y"])
+        np.testing.assert_allclose(lowered, expected, atol=1e-5, err_msg=f"{rows} rows")

@@ -331,7 +331,7 @@ def test_streamed_media_graphs_equal_a_trace_with_weights(packages, vision_artif
     import onnx
     import torch
 
-    from vllm_sr_runtime.export.exporter import build_export_module, traces_readout_rows
+    from vllm_sr_runtime.export.exporter import build_export_module
     from vllm_sr_runtime.export.graph_emit import translation_table
     from vllm_sr_runtime.export.smoke import SMOKE_QUESTIONS, SMOKE_STATE
     from vllm_sr_runtime.export.vision_graph import VISION_DYNAMIC_AXES, VISION_OUTPUT, SegmentedVision
@@ -341,7 +341,7 @@ def test_streamed_media_graphs_equal_a_trace_with_weights(packages, vision_artif
     from vllm_sr_runtime.packages.resolve import resolve_package
 
     family = open_family(resolve_package(packages["d3_vision"]))
-    module = build_export_module(family, "fp32", readout_rows_only=traces_readout_rows("contrib"))
+    module = build_export_module(family, "fp32", readout_rows_only=True)
     media = family.sample_media()
     (sample,) = segment_groups(media.pixel_values_videos, media.video_grid_thw, VisionLayout.of(module.visual))
     reference = reference_trace(SegmentedVision(module.visual).eval(), sample.inputs, SEGMENT_INPUTS, VISION_DYNAMIC_AXES, VISION_OUTPUT, {})

@@ -7,36 +7,59 @@ import time
 import numpy as np
 
 
-def forward_flops(config, rows: int, tokens: int, causal: bool = False) -> float:
+def forward_flops(config, rows: int, tokens: int, causal: bool = False, last_layer_rows: int | None = None) -> float:
     """2 x (linear parameters) per token, plus attention's QK^T and AV on full-attention layers and the
     Gated DeltaNet recurrence (state update and read, ~6 x dk x dv per head and token). `causal`: each query
     attends to itself and the keys before it, T(T+1)/2 query-key pairs (the work a kernel that skips masked keys
-    does, as the CPU engine's query blocks do), not T^2. The work of a full forward, what `exact` does: exported
-    graphs compute the last layer at the readout's rows only (families/readout_rows.py), about 1/L of it less."""
-    pairs = tokens * (tokens + 1) / 2 if causal else tokens * tokens
-    hidden, ffn = config.hidden_size, config.intermediate_size
+    does, as the CPU engine's query blocks do), not T^2. `last_layer_rows`: the last layer computes its queries,
+    output projection and MLP at that many rows per sequence only, each query against all T keys (an exported
+    graph's form, families/readout_rows.py); None: the full forward, what `exact` does."""
     layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-    heads, kv, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    per_token = 0.0
-    attention = 0.0
-    for kind in layer_types:
-        per_token += 3 * hidden * ffn
-        if kind == "full_attention":
-            q_width = heads * head_dim * (2 if getattr(config, "model_type", "") == "qwen3_5_text" else 1)
-            per_token += hidden * (q_width + 2 * kv * head_dim) + heads * head_dim * hidden
-            attention += 2 * 2 * pairs * heads * head_dim
+    last = len(layer_types) - 1
+    per_sequence = sum(
+        _layer_flops(config, kind, tokens, tokens if index != last or last_layer_rows is None else last_layer_rows, causal)
+        for index, kind in enumerate(layer_types)
+    )
+    return rows * per_sequence
+
+
+def _layer_flops(config, kind: str, tokens: int, selected: int, causal: bool) -> float:
+    """One layer of one sequence of `tokens`, its per-row work (queries, output projection, MLP) at `selected` rows."""
+    hidden, ffn = config.hidden_size, config.intermediate_size
+    flops = 2 * 3 * hidden * ffn * selected
+    if kind == "full_attention":
+        heads, kv, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        q_width = heads * head_dim * (2 if getattr(config, "model_type", "") == "qwen3_5_text" else 1)
+        flops += 2 * hidden * 2 * kv * head_dim * tokens + 2 * (hidden * q_width + heads * head_dim * hidden) * selected
+        if selected != tokens:
+            pairs = selected * tokens  # the selected queries under a mask: every key is computed
         else:
-            key_dim = config.linear_key_head_dim * config.linear_num_key_heads
-            value_dim = config.linear_value_head_dim * config.linear_num_value_heads
-            per_token += hidden * (2 * key_dim + 2 * value_dim + 2 * config.linear_num_value_heads) + value_dim * hidden
-            attention += tokens * 6 * config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
-    return rows * (2 * per_token * tokens + attention)
+            pairs = tokens * (tokens + 1) / 2 if causal else tokens * tokens
+        return flops + 2 * 2 * pairs * heads * head_dim
+    # Gated DeltaNet: the recurrence and its gate read every row; the token mixer's output is selected after it
+    key_dim = config.linear_key_head_dim * config.linear_num_key_heads
+    value_dim = config.linear_value_head_dim * config.linear_num_value_heads
+    flops += 2 * (hidden * (2 * key_dim + 2 * value_dim + 2 * config.linear_num_value_heads) + value_dim * hidden) * tokens
+    return flops + tokens * 6 * config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
 
 
-def batches_flops(family, batches) -> float:
-    """`forward_flops` of every pass of a family's plan (each batch's rows x its padded length)."""
+def batches_flops(family, batches, readout_rows_only: bool = False) -> float:
+    """`forward_flops` of every pass of a family's plan (each batch's rows x its padded length); with
+    `readout_rows_only`, a graph whose last layer computes only the rows the family's readout reads."""
     config, causal = family.backbone_config(), family.causal_attention
-    return sum(forward_flops(config, int(b.inputs["input_ids"].shape[0]), int(b.inputs["input_ids"].shape[1]), causal) for b in batches)
+    total = 0.0
+    for batch in batches:
+        ids = batch.inputs["input_ids"]
+        selected = family.readout_row_count(batch.inputs) if readout_rows_only else None
+        total += forward_flops(config, int(ids.shape[0]), int(ids.shape[1]), causal, selected)
+    return total
+
+
+def computes_readout_rows_only(model) -> bool:
+    """Whether a loaded model runs exported graphs whose last layer computes the readout's rows only (their
+    artifact says `last_layer: readout_rows`; artifacts from before the field hold the full layer)."""
+    artifact = getattr(getattr(model, "engine", None), "artifact", None) or {}
+    return artifact.get("last_layer") == "readout_rows"
 
 
 GEMM_SHAPE = (512, 1024, 3584)  # rows x hidden x FFN width: a 512-token prompt through a 0.8B-class MLP

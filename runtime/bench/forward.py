@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_sr_runtime.bench.flops import GemmCeilings, batches_flops, ceiling_for
+from vllm_sr_runtime.bench.flops import GemmCeilings, batches_flops, ceiling_for, computes_readout_rows_only
 
 FILLER = "The user asks about merging sorted lists, running time, and tests for edge cases. "
 
@@ -56,13 +56,15 @@ def run_forward(
 
     images, videos = synthetic_media(media)
     reference = next(iter(models.values()))
-    shapes = []  # (length, question count, state, questions, tokens, padded tokens, FLOPs) of every row group
+    # (length, question count, state, questions, tokens, padded tokens, FLOPs by model) of every row group
+    shapes = []
     for length in lengths:
         for count in questions:
             state, qs, tokens = request_of_length(reference, length, count, images, videos)
             plan = reference.plan(state, qs, images=images, videos=videos)
             padded = sum(int(b.inputs["input_ids"].shape[0]) * int(b.inputs["input_ids"].shape[1]) for b in plan.batches)
-            shapes.append((length, count, state, qs, tokens, padded, batches_flops(reference.family, plan.batches)))
+            flops = {name: batches_flops(reference.family, plan.batches, computes_readout_rows_only(model)) for name, model in models.items()}
+            shapes.append((length, count, state, qs, tokens, padded, flops))
     for _, _, state, qs, *_ in shapes:  # warm-up
         for model in models.values():
             model.ask(state, qs, images, videos)
@@ -90,7 +92,7 @@ def run_forward(
                     "median_ms": median * 1000, "p90_ms": float(np.quantile(values, 0.9)) * 1000,
                     "min_ms": min(values) * 1000, "max_ms": max(values) * 1000, "per_question_ms": median * 1000 / count,
                     "rps": 1.0 / median, "ratio_to_exact": (exact_median / median) if exact_median else None,
-                    "padded_tokens": padded, "gflop": flops / 1e9, "gflops": flops / median / 1e9,
+                    "padded_tokens": padded, "gflop": flops[name] / 1e9, "gflops": flops[name] / median / 1e9,
                     "ceiling": ceiling_for(getattr(models[name], "dtype", "fp32") or "fp32"), "runs": len(values),
                 }
             )  # fmt: skip

@@ -79,7 +79,7 @@ def profile_graphs(models: dict, length: int, limits: dict[str, float]) -> dict:
     """Per-op-type time of every ONNX Runtime model at one prompt length (one question); each matrix-product op's
     throughput against the ceiling for its arithmetic, and `bound`: the fraction of the row's ceiling the graph
     would reach if only its product ops took time (the forward's work as the rows count it, over their time)."""
-    from vllm_sr_runtime.bench.flops import batches_flops, ceiling_for
+    from vllm_sr_runtime.bench.flops import batches_flops, ceiling_for, computes_readout_rows_only
     from vllm_sr_runtime.bench.forward import request_of_length
     from vllm_sr_runtime.bench.ort_profile import judge_products, print_profile, profile_by_op, profiled_graphs
 
@@ -90,7 +90,7 @@ def profile_graphs(models: dict, length: int, limits: dict[str, float]) -> dict:
         batch = model.plan(state, questions).batches[0]
         rows = profile_by_op(path, batch.inputs)
         ceiling = ceiling_for(getattr(model, "dtype", "fp32") or "fp32")
-        summary = judge_products(rows, limits, batches_flops(model.family, [batch]), ceiling)
+        summary = judge_products(rows, limits, batches_flops(model.family, [batch], computes_readout_rows_only(model)), ceiling)
         profiles[label] = {"length": tokens, "ops": rows, **summary}
         print_profile(f"{label}, {tokens} tokens", rows)
         if summary["bound"] is not None:

@@ -88,7 +88,8 @@ class Family(ABC):
     def export_module(self, numerics: Numerics, *, weights: bool = True, readout_rows_only: bool = False) -> torch.nn.Module:
         """The module `export` traces (prepare steps a family needs go in its override). `readout_rows_only`: its
         last layer computes only the rows the readout reads (families/readout_rows.py), the form graphs are traced
-        in; the eager reference an export compares them with keeps the full model."""
+        in; the eager reference an export compares them with keeps the full model. The module's `prunes_last_layer`
+        (absent: False) says whether it does (a sliding-window last layer does not), recorded in the artifact."""
         module = self.build_module(numerics, torch.device("cpu"), weights=weights).eval()
         module.readout_rows_only = readout_rows_only
         return module
@@ -241,6 +242,11 @@ class Family(ABC):
     def causal_attention(self) -> bool:
         """Whether each token's full attention reads only itself and the tokens before it."""
         return True
+
+    def readout_row_count(self, inputs: dict[str, np.ndarray]) -> int:
+        """How many positions of each row's last hidden state the readout reads (what an exported graph's last
+        layer computes alone): the last token, unless a family reads more."""
+        return 1
 
     @property
     def shared_context_exact(self) -> bool:

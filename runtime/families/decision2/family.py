@@ -69,9 +69,13 @@ class Decision2Module(torch.nn.Module):
         with self._fp32(input_ids.device):
             return self.head(hidden, option_rows, option_mask, query_row)
 
+    @property
+    def prunes_last_layer(self) -> bool:
+        """Whether the last layer computes the head's rows alone (exported graphs; readout_rows)."""
+        return self.readout_rows_only and prunable(self.backbone)
+
     def head_rows(self, option_index, query_index) -> "HeadRows":
-        pruned = self.readout_rows_only and prunable(self.backbone)
-        return HeadRows(torch.cat([option_index, query_index.view(-1, 1)], dim=1) if pruned else None)
+        return HeadRows(torch.cat([option_index, query_index.view(-1, 1)], dim=1) if self.prunes_last_layer else None)
 
 
 class HeadRows:
@@ -132,6 +136,10 @@ class Decision2Family(Family):
     @property
     def max_input_tokens(self) -> int:
         return self.package.max_input_tokens
+
+    def readout_row_count(self, inputs: dict[str, np.ndarray]) -> int:
+        """Every option's endpoint and the query token (HeadRows)."""
+        return int(inputs["option_index"].shape[1]) + 1
 
     # -- weights -------------------------------------------------------------------------------------
     def backbone_config(self):

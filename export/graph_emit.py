@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from vllm_sr_runtime.export.graph_passes import cast_mixed_rms_norms, trim_contrib_outputs
+from vllm_sr_runtime.export.graph_passes import cast_mixed_rms_norms, drop_untyped_shapes, trim_contrib_outputs
 from vllm_sr_runtime.export.int8 import WEIGHT_BITS, quantize_matmuls, stays_fp32
 from vllm_sr_runtime.export.streaming import TracedGraph, write_graph
 
@@ -44,6 +44,7 @@ def emit_graph(
             return name in int8_split or (int8_split_rule and name.startswith(quantized_towers) and stays_fp32(name, quantized_towers))
 
         quantize_matmuls(traced, lambda name: stays_fp32(name, quantized_towers) or name in int8_kept, int8_activations, int8_blocked.__contains__, split, int8_weight_bits)
+    drop_untyped_shapes(traced.model)
     proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=reuse)
     trim_contrib_outputs(proto)
     cast_mixed_rms_norms(proto)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 
 import onnx
+import onnx_ir as ir
 
 # Outputs ONNX Runtime requires each contrib node to declare; trailing optional ones beyond these select
 # CUDA-only extended paths, so they are dropped when nothing reads them.
@@ -19,6 +20,19 @@ def trim_contrib_outputs(model: onnx.ModelProto) -> None:
             continue
         while len(node.output) > keep and node.output[-1] not in used:
             node.output.pop()
+
+
+def drop_untyped_shapes(model: ir.Model) -> int:
+    """Forget the shapes of values that have no type: the contrib ops' outputs (no type inference) as torch.onnx
+    leaves them. The serializer writes no value_info for them either way, but warns once per value (one line per
+    Gated DeltaNet layer in every export). Returns how many."""
+    dropped = 0
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for value in node.outputs:
+            if value.type is None and value.shape is not None:
+                value.shape = None
+                dropped += 1
+    return dropped
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:

@@ -12,7 +12,10 @@ rewrite picks MatMuls by the parameter name behind their weight).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -121,6 +124,31 @@ def _raw_block(block: torch.Tensor) -> np.ndarray:
     return (block.view(torch.int16) if block.dtype == torch.bfloat16 else block).numpy()
 
 
+# What torch.onnx says on every trace that is about torch, not about the graph: dynamic dims that share a constraint
+# (the family's axes name them once each already), pytree's deprecation notice, and torchvision's ops it skips.
+TRACER_NOTICES = (
+    (UserWarning, r"# The axis name: .* will not be used"),
+    (FutureWarning, r".*LeafSpec.*"),
+)
+TRACER_LOGGERS = ("torch.onnx._internal.exporter._registration",)
+
+
+@contextlib.contextmanager
+def tracer_notices_silenced() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in TRACER_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            for category, message in TRACER_NOTICES:
+                warnings.filterwarnings("ignore", message=message, category=category)
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def trace(
     streamed: StreamedModule,
     wrapper: torch.nn.Module,
@@ -148,7 +176,7 @@ def trace(
     if method != "forward":
         wrapper.forward = getattr(wrapper, method)  # the instance attribute wins in nn.Module.__call__
     try:
-        with patched_gdn(wrapper), torch.inference_mode(False), torch.no_grad():
+        with patched_gdn(wrapper), torch.inference_mode(False), torch.no_grad(), tracer_notices_silenced():
             program = torch.onnx.export(
                 wrapper, (), kwargs=kwargs, dynamic_shapes=dynamic_shapes, dynamo=True, opset_version=opset,
                 custom_translation_table=translations, input_names=list(input_names), output_names=[output_name],

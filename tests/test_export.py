@@ -678,3 +678,38 @@ def test_int8_activation_forms_quantize_each_input_once_and_compute_what_they_sa
             np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(exact).max())
         else:
             np.testing.assert_allclose(got, exact, rtol=0.2, atol=0.2 * np.abs(x).max())
+
+
+def test_untyped_contrib_outputs_serialize_without_a_warning_per_value(caplog):
+    """torch.onnx leaves a contrib op's outputs with a shape and no type (the op has no type inference): the serializer
+    skips their shapes with one warning each (one per Gated DeltaNet layer of every export). The export drops those
+    shapes first: the same graph, no warnings; typed values keep theirs."""
+    import logging
+
+    import onnx_ir as ir
+
+    from vllm_sr_runtime.export.graph_passes import drop_untyped_shapes
+
+    def model() -> ir.Model:
+        x = ir.Value(name="x", shape=ir.Shape(["batch", 4]), type=ir.TensorType(ir.DataType.FLOAT))
+        contrib = ir.Node("com.microsoft", "LinearAttention", [x], num_outputs=2, name="mixer")
+        out, state = contrib.outputs
+        out.name, out.type, out.shape = "out", ir.TensorType(ir.DataType.FLOAT), ir.Shape(["batch", 4])
+        state.name, state.shape = "state", ir.Shape(["batch", 2, 2, 2])  # no type, as traced
+        relu = ir.Node("", "Relu", [out], name="relu")
+        relu.outputs[0].name, relu.outputs[0].type = "y", ir.TensorType(ir.DataType.FLOAT)
+        graph = ir.Graph([x], [relu.outputs[0]], nodes=[contrib, relu], opset_imports={"": 21, "com.microsoft": 1})
+        return ir.Model(graph, ir_version=10)
+
+    with caplog.at_level(logging.WARNING):
+        as_traced = ir.serde.serialize_model(model())
+    assert any("is not known" in record.getMessage() for record in caplog.records)
+    caplog.clear()
+    cleaned = model()
+    assert drop_untyped_shapes(cleaned) == 1
+    with caplog.at_level(logging.WARNING):
+        proto = ir.serde.serialize_model(cleaned)
+    assert not any("is not known" in record.getMessage() for record in caplog.records)
+    assert [v.name for v in as_traced.graph.value_info] == ["out", "state"] and not as_traced.graph.value_info[1].HasField("type")
+    del as_traced.graph.value_info[1]  # the traced graph's one difference: a value_info holding a name only
+    assert proto.SerializeToString() == as_traced.SerializeToString()

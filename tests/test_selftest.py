@@ -82,3 +82,22 @@ def test_selftest_serves_exact_when_no_artifact_runs(tmp_path):
     assert [row["profile"] for row in report["latency"]] == ["exact"]
     assert [(row["profile"], row["dtype"]) for row in report["http"]] == [("exact", "fp32")]
     assert report["http"][0]["rps"] > 0 and set(report["http"][0]["statuses"]) == {"200"}
+
+
+def test_selftest_exports_int8_at_the_weight_width_a_saturating_cpu_serves(tmp_path, monkeypatch):
+    """On a CPU whose u8 x s8 products saturate (no VNNI; the detection patched here), selftest exports its int8 row
+    with 7-bit weights: the engine refuses 8-bit ones there, so an 8-bit export would fail the row at load."""
+    from vllm_sr_runtime import cpu_features
+    from vllm_sr_runtime.parity.selftest import SelftestOptions, run_selftest
+
+    monkeypatch.setattr(cpu_features, "int8_products_saturate", lambda: True)
+    options = SelftestOptions(
+        device="cpu", out=tmp_path / "selftest", fixtures=["d3"], dtypes=["int8"], real_dimension=False, lengths=[64],
+        clients=[1], http_seconds=0.5, questions=4, repeats=1, progress=False,
+    )  # fmt: skip
+    report = run_selftest(options)
+    (row,) = report["parity"]
+    assert row["dtype"] == "int8" and row["int8_weight_bits"] == 7 and row["failed"] == [], row
+    manifest = json.loads((tmp_path / "selftest" / "artifacts" / "d3-contrib-int8" / "artifact.json").read_text())
+    assert manifest["int8"]["weight_bits"] == 7
+    assert [(entry["profile"], entry["dtype"]) for entry in report["http"]] == [("max_speed", "int8")]

@@ -147,21 +147,42 @@ class _LazyQuantized:
         return ir.tensor(scale)
 
 
-def _per_channel_of(load: Callable[[], np.ndarray], axis: int, transpose: bool, cross: bool = False, qmax: int = QMAX) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+def _per_channel_of(load: Callable[[], np.ndarray], axis: int, transpose: bool, qmax: int = QMAX) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
     """`quantize_per_channel` of what `load` returns (output channels on `axis`), its values transposed where the
-    MatMul reads the transpose; with `cross`, the split form's cross-term weight instead: its low half stacked on its
-    high half along the inputs ([2 x inputs, outputs], read by [high | low] activations), with the low half's scales."""
+    MatMul reads the transpose."""
 
     def quantize() -> tuple[np.ndarray, np.ndarray]:
-        if not cross:
-            quantized, scale = quantize_per_channel(load(), axis, qmax)
-            return (np.ascontiguousarray(quantized.T) if transpose else quantized), scale
-        high, low, scale = quantize_split(load(), axis, qmax)
-        if transpose:
-            high, low = high.T, low.T
-        return np.concatenate([low, high], axis=0), (scale / split_low_steps(qmax)).astype(np.float32)
+        quantized, scale = quantize_per_channel(load(), axis, qmax)
+        return (np.ascontiguousarray(quantized.T) if transpose else quantized), scale
 
     return quantize
+
+
+class _SplitOnce:
+    """One weight's split form (`quantize_split`), loaded and computed once for both weights its products read: the
+    high half ([inputs, outputs], the per-token product's, equal to `quantize_per_channel`'s) and the cross-term
+    weight (its low half stacked on its high half along the inputs, [2 x inputs, outputs], read by [high | low]
+    activations, with the low half's scales). The halves are dropped once both have been taken."""
+
+    def __init__(self, load: Callable[[], np.ndarray], axis: int, transpose: bool, qmax: int = QMAX):
+        self.load, self.axis, self.transpose, self.qmax = load, axis, transpose, qmax
+        self._halves: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._waiting = {"high", "cross"}
+
+    def _take(self, part: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        halves = self._halves if self._halves is not None else quantize_split(self.load(), self.axis, self.qmax)
+        self._waiting.discard(part)
+        self._halves = halves if self._waiting else None
+        high, low, scale = halves
+        return (high.T, low.T, scale) if self.transpose else halves
+
+    def high(self) -> tuple[np.ndarray, np.ndarray]:
+        high, _, scale = self._take("high")
+        return np.ascontiguousarray(high), scale
+
+    def cross(self) -> tuple[np.ndarray, np.ndarray]:
+        high, low, scale = self._take("cross")
+        return np.concatenate([low, high], axis=0), (scale / split_low_steps(self.qmax)).astype(np.float32)
 
 
 def quantize_matmuls(
@@ -226,7 +247,13 @@ def quantize_matmuls(
                 nodes, quantized_inputs[id(activation)] = _per_tensor(activation, weight.shape[0], constants)
             new_nodes += nodes
         if id(weight) not in weights:
-            weights[id(weight)] = _quantized_weight(traced, weight, provenance, qmax=qmax)
+            load, axis, transpose = _weight_loader(traced, weight, provenance)
+            if splits:  # both weights of the split form from one load and one quantization
+                once = _SplitOnce(load, axis, transpose, qmax)
+                weights[id(weight)] = _quantized_weight(traced, weight, provenance, once.high)
+                cross_weights[id(weight)] = _quantized_weight(traced, weight, provenance, once.cross, cross=True)
+            else:
+                weights[id(weight)] = _quantized_weight(traced, weight, provenance, _per_channel_of(load, axis, transpose, qmax))
         a_q, a_scale, a_zero = quantized_inputs[id(activation)]
         w_q, w_scale, w_zero = weights[id(weight)]
         if activations == "tensor":  # quantize_dynamic's pattern, which ORT fuses (MatMulIntegerToFloat)
@@ -245,8 +272,6 @@ def quantize_matmuls(
             if id(activation) not in both_halves:
                 nodes, both_halves[id(activation)] = _both_halves(activation.name, token_rows[id(activation)], constants, split_low_steps(qmax))
                 new_nodes += nodes
-            if id(weight) not in cross_weights:
-                cross_weights[id(weight)] = _quantized_weight(traced, weight, provenance, cross=True, qmax=qmax)
             w_cross, w_cross_scale, _ = cross_weights[id(weight)]
             unit = constants.get("unit_scale", np.array(1.0, dtype=np.float32))
             high = ir.Node("com.microsoft", "MatMulIntegerToFloat", [a_q, w_q, unit, w_scale, a_zero, w_zero], name=f"{base}_split_high")
@@ -355,18 +380,26 @@ def _per_token(activation: ir.Value, channels: int, constants: _Constants) -> tu
     return nodes, token
 
 
-def _quantized_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple, cross: bool = False, qmax: int = QMAX) -> tuple[ir.Value, ir.Value, ir.Value | None]:
-    """The int8 weight in [-qmax, qmax] (with `cross`, its split form's cross-term weight), its per-column scales and
-    zero points (none for `cross`), as lazy initializers with provenance (so a second graph of the artifact reuses the
-    first one's bytes)."""
+def _weight_loader(traced: TracedGraph, weight: ir.Value, provenance: tuple) -> tuple[Callable[[], np.ndarray], int, bool]:
+    """(load, the axis of its output channels, whether the MatMul reads its transpose): the package tensor as stored
+    where the graph's weight is one (a transposed one is quantized per row), else the graph's constant."""
+    source = traced.sources.get(provenance[1])
+    if source is not None:
+        transposed = provenance[0] == "transpose"
+        return (lambda: source.load().detach().float().numpy()), (0 if transposed else 1), transposed
+    const = weight.const_value
+    return const.numpy, 1, False
+
+
+def _quantized_weight(
+    traced: TracedGraph, weight: ir.Value, provenance: tuple, quantize: Callable[[], tuple[np.ndarray, np.ndarray]], cross: bool = False
+) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+    """The int8 weight `quantize` computes (with `cross`, the split form's cross-term weight, twice the rows), its
+    per-column scales and zero points (none for `cross`), as lazy initializers with provenance (so a second graph of
+    the artifact reuses the first one's bytes)."""
     kind, name = provenance[0], provenance[1]
     rows, columns = weight.shape[0] * (2 if cross else 1), weight.shape[1]
-    source = traced.sources.get(name)
-    if source is not None:  # read the package tensor as stored; a transposed one is quantized per row
-        quantized = _LazyQuantized(_per_channel_of(lambda: source.load().detach().float().numpy(), 0 if kind == "transpose" else 1, kind == "transpose", cross, qmax))
-    else:
-        const = weight.const_value
-        quantized = _LazyQuantized(_per_channel_of(lambda: const.numpy(), 1, False, cross, qmax))
+    quantized = _LazyQuantized(quantize)
     key, half = (name, kind), ("_cross" if cross else "")
     q_value = ir.Value(
         name=f"{weight.name}_quantized{half}", shape=ir.Shape([rows, columns]), type=ir.TensorType(ir.DataType.INT8),

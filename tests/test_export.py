@@ -583,7 +583,8 @@ def test_split_form_holds_a_kept_matmul_to_about_fifteen_bits_with_two_int8_prod
 
 def test_split_form_of_a_transposed_linear_reads_its_package_tensor_per_output_channel():
     """A torch Linear stores [outputs, inputs] and the MatMul reads its transpose: the split form quantizes the
-    package tensor per output (its rows) and answers as the NumPy reference of those halves does."""
+    package tensor per output (its rows), once for both of its weights, and answers as the NumPy reference of those
+    halves does."""
     import onnx_ir as ir
     import onnxruntime as ort
     import torch
@@ -596,7 +597,10 @@ def test_split_form_of_a_transposed_linear_reads_its_package_tensor_per_output_c
     x = rng.standard_normal((3, 40)).astype(np.float32)
 
     class Stored:
+        loads = 0
+
         def load(self):
+            Stored.loads += 1
             return torch.from_numpy(stored)
 
     xv = ir.Value(name="x", shape=ir.Shape(["rows", 40]), type=ir.TensorType(ir.DataType.FLOAT))
@@ -615,6 +619,7 @@ def test_split_form_of_a_transposed_linear_reads_its_package_tensor_per_output_c
     h64, l64 = high.T.astype(np.float64), low.T.astype(np.float64)
     expected = row_scale * ((x_high @ h64) * scale + (x_high @ l64 + x_low @ h64) * (scale / SPLIT_LOW_STEPS))
     proto = ir.serde.serialize_model(traced.model)
+    assert Stored.loads == 1  # the high weight and the cross weight come from one load and one quantization
     got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
     assert np.abs(got - x.astype(np.float64) @ stored.T).max() < 2e-3 * np.abs(x @ stored.T).max()

@@ -81,3 +81,34 @@ def test_entries_unused_for_a_week_and_abandoned_staging_go_with_the_next_store(
     assert not (idle | {legacy.name, abandoned.name}) & left
     assert len(left - used - {storing.name}) == 1  # the new entry
     assert open_session(models["used"], "cpu", None, cache)[1] == "hit"
+
+
+def test_a_cache_that_cannot_take_the_graph_does_not_stop_the_model(tmp_path, monkeypatch, caplog):
+    """The cache is where a platform cannot write (not a directory here; a read-only or full disk alike), or ONNX
+    Runtime's own save fails: the session opens without the cache, answers the same, and says why; a graph that
+    cannot open at all still fails."""
+    import logging
+
+    import pytest
+
+    from vllm_sr_runtime.engines.onnxruntime import optimized_cache
+    from vllm_sr_runtime.errors import ArtifactError
+
+    model = tmp_path / "artifact" / "model.onnx"
+    write_model(model, 1.0)
+    not_a_directory = tmp_path / "cache"
+    not_a_directory.write_text("")
+    with caplog.at_level(logging.WARNING):
+        session, use = open_session(model, "cpu", None, not_a_directory)
+    assert use == "unavailable" and answer(session) == 64.0
+    assert any("could not be stored" in record.getMessage() and str(not_a_directory) in record.getMessage() for record in caplog.records)
+    cache = tmp_path / "writable"
+    monkeypatch.setattr(optimized_cache, "OPTIMIZED_FILE", "missing/optimized.onnx")  # ORT's save itself fails
+    session, use = open_session(model, "cpu", None, cache)
+    assert use == "unavailable" and answer(session) == 64.0
+    assert [p.name for p in cache.iterdir()] == []  # its staging removed
+    broken = tmp_path / "broken" / "model.onnx"
+    broken.parent.mkdir()
+    broken.write_bytes(b"not a graph")
+    with pytest.raises(ArtifactError, match="cannot open"):
+        open_session(broken, "cpu", None, cache)

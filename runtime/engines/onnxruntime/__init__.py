@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Literal
@@ -10,6 +11,8 @@ import numpy as np
 
 from vllm_sr_runtime.engines.onnxruntime.providers import provider_start_error, select_provider
 from vllm_sr_runtime.errors import ArtifactError, UnsupportedDeviceError
+
+log = logging.getLogger(__name__)
 
 
 def cpu_threads() -> int:
@@ -59,7 +62,8 @@ class OrtEngine:
         self.shared_session = None  # the shared_context graph, when attached
         self.media = None  # the vision and media text graphs (MediaGraphs), when attached
         self.optimized_cache: Path | None = None
-        self.optimized_cache_use: str | None = None  # "hit" (opened the saved optimized graph), "stored", None
+        # "hit" (opened the saved optimized graph), "stored", "unavailable" (the cache could not take it), None
+        self.optimized_cache_use: str | None = None
         self.attention_query_block: int | None = None  # CPU: full attention runs over blocks of this many queries
 
     @classmethod
@@ -133,7 +137,8 @@ def open_session(
     model_path: Path, device_kind: str, device_index: int | None, optimized_cache: Path | None = None, attention_query_block: int | None = None
 ):
     """(session, cache use). With `optimized_cache` (CPU only: other providers' optimized graphs embed
-    device-specific nodes), the first open saves ORT's optimized graph there and later opens load it.
+    device-specific nodes), the first open saves ORT's optimized graph there and later opens load it; where it
+    cannot be stored (a read-only or full disk), the session opens without it ("unavailable", logged).
     `attention_query_block`: full attention over blocks of that many queries (attention_blocks), where the graph
     has Attention nodes it applies to."""
     import onnxruntime as ort
@@ -177,7 +182,12 @@ def open_session(
                 import shutil
 
                 shutil.rmtree(cached.parent, ignore_errors=True)
-        return open_and_save(open_with, session_options(device_kind), optimized_cache, key, identity), "stored"
+        try:
+            return open_and_save(open_with, session_options(device_kind), optimized_cache, key, identity), "stored"
+        except Exception as exc:  # the cache's disk full, read-only or not a directory: serve without it
+            session = open_with(session_options(device_kind))  # a graph that cannot open at all raises here
+            log.warning("ONNX Runtime's optimized graph of %s could not be stored in %s (%s): opened without the cache", model_path, optimized_cache, str(exc).splitlines()[0][:300])
+            return session, "unavailable"
     except UnsupportedDeviceError:
         raise
     except Exception as exc:  # ORT raises its own Fail/InvalidGraph types

@@ -70,6 +70,24 @@ def test_unknown_dtype_is_refused_up_front(packages, tmp_path):
     assert not (tmp_path / "fp8").exists()
 
 
+def test_a_cache_that_cannot_be_written_serves_what_it_holds_and_says_what_to_do_otherwise(packages, tmp_path):
+    """A cache baked into an image (read-only) that holds the artifact serves it without taking the first-use lock;
+    one that cannot hold a new export refuses with what to do, not an OS error from deep inside."""
+    from vllm_sr_runtime.engines.onnxruntime.builder import cached_artifact_dir
+
+    model = vllm_sr_runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path / "baked")
+    target = cached_artifact_dir(model.family, "contrib", "fp32", tmp_path / "baked")
+    lock = target.parent / f".{target.name}.lock"
+    lock.unlink()
+    lock.mkdir()  # the lock cannot be opened for writing, as on a read-only filesystem
+    again = vllm_sr_runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=tmp_path / "baked")
+    assert again.ask("s", {"q": {"type": "noul"}}) == model.ask("s", {"q": {"type": "noul"}})
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    with pytest.raises(ArtifactError, match="--artifact, or give a writable --cache-dir"):
+        vllm_sr_runtime.load(packages["d3_causal"], profile="max_speed", cache_dir=not_a_directory)
+
+
 def test_concurrent_first_uses_export_once(packages, tmp_path, monkeypatch):
     import threading
 

@@ -26,12 +26,22 @@ def cached_artifact_dir(family: ModelSource, variant: str, dtype: str, cache_dir
 
 def ensure_cached_artifact(family: ModelSource, variant: str, cache_dir=None) -> Path:
     """The cache's artifact for this package, exported on first use. A file lock makes concurrent first uses
-    (several gunicorn workers, several processes) export once; the others wait and reuse it."""
+    (several gunicorn workers, several processes) export once; the others wait and reuse it. One already there is
+    used as it is (a read-only cache baked into an image serves without taking the lock)."""
     import fcntl
 
     target = cached_artifact_dir(family, variant, "fp32", cache_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
+    if (target / "artifact.json").is_file() and not _lacks_media_graphs(family, target):
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(target.parent / f".{target.name}.lock", "w")
+    except OSError as exc:
+        raise ArtifactError(
+            f"no artifact given and the cache cannot hold one exported now ({exc}): export one with "
+            f"`vllm-sr-runtime export` and pass --artifact, or give a writable --cache-dir"
+        ) from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "artifact.json").is_file() and _lacks_media_graphs(family, target):
             import shutil

@@ -12,7 +12,7 @@ import onnx
 import torch
 from tqdm import tqdm
 
-from vllm_sr_runtime.artifacts import ARTIFACT_SCHEMA, atomic_directory, write_manifest
+from vllm_sr_runtime.artifacts import ARTIFACT_SCHEMA, atomic_directory, check_replaceable, write_manifest
 from vllm_sr_runtime.export.context import ExportContext
 from vllm_sr_runtime.export.disk_space import check_disk_space
 from vllm_sr_runtime.export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
@@ -112,6 +112,10 @@ def export_family(
     without VNNI (whose int8 kernel saturates on 8-bit weights: the smoke parity is refused there at 8 bits)."""
     if family.export_spec is None:
         raise ArtifactError(f"family {family.name} declares no export (its ExportSpec): it runs on its own engines only")
+    package_root, target = family.package.root.resolve(), Path(out).resolve()
+    if target == package_root or target in package_root.parents:
+        raise ArtifactError(f"--out {out} holds the package being exported ({package_root}): the artifact replaces its folder as a whole")
+    check_replaceable(Path(out))
     towers = family.export_spec.quantized_towers
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}")

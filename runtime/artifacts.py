@@ -72,11 +72,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@contextmanager
-def atomic_directory(out: Path):
-    """Yields a temporary directory next to `out`; on success it replaces `out` in one rename. On any failure
-    (exception, SIGTERM, Ctrl-C) the temporary directory is removed and `out`, if it existed, is untouched."""
+def check_replaceable(out: Path, replaces: str | None = ARTIFACT_FILE) -> None:
+    """An existing `out` is replaced as a whole, so it must be an empty folder or one holding `replaces` (what an
+    earlier write of the same kind left: an artifact's `artifact.json`); anything else (a file, the user's project
+    folder, a model package, a folder of several artifacts) is refused before any work."""
     out = Path(out).absolute()
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_dir() and not out.is_symlink() and (not any(out.iterdir()) or (replaces is not None and (out / replaces).is_file())):
+        return
+    what = f"holds no {replaces}" if replaces else "is not empty"
+    raise ArtifactError(
+        f"{out} exists and {what}: writing there would replace it as a whole; choose a new folder, or remove this one first"
+    )
+
+
+@contextmanager
+def atomic_directory(out: Path, replaces: str | None = ARTIFACT_FILE):
+    """Yields a temporary directory next to `out`; on success it replaces `out` in one rename. On any failure
+    (exception, SIGTERM, Ctrl-C) the temporary directory is removed and `out`, if it existed, is untouched. An
+    existing `out` must be empty or hold `replaces` (`check_replaceable`), checked now and again before the rename."""
+    out = Path(out).absolute()
+    check_replaceable(out, replaces)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(out)
     temp = Path(tempfile.mkdtemp(prefix=f".{out.name}{PARTIAL_MARK}", suffix=f"-{os.getpid()}", dir=out.parent))
@@ -91,6 +108,7 @@ def atomic_directory(out: Path):
     try:
         yield temp
         _publishable(temp)
+        check_replaceable(out, replaces)
         backup = None
         if out.exists():
             backup = out.parent / f".{out.name}.old-{os.getpid()}"

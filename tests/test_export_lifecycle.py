@@ -64,6 +64,35 @@ def test_export_prints_the_graphs_notices_not_torchs(packages, tmp_path):
     assert (tmp_path / "a" / "artifact.json").is_file()
 
 
+def test_export_never_replaces_a_folder_that_is_not_an_artifact(packages, tmp_path):
+    """An export replaces --out as a whole: the package's own folder, a folder holding it, a non-empty folder of
+    something else, or a file are refused before any work, and left as they were; an empty folder or an earlier
+    artifact is replaced."""
+    import shutil
+
+    package = tmp_path / "models" / "d3"
+    shutil.copytree(packages["d3"], package)
+    before = sorted(p.name for p in package.iterdir())
+    for out in (package, package.parent, tmp_path):
+        with pytest.raises(ArtifactError, match="holds the package being exported"):
+            export_package(package, out, progress=False, smoke="off")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    for out in (project, a_file):
+        with pytest.raises(ArtifactError, match="holds no artifact.json"):
+            export_package(package, out, progress=False, smoke="off")
+    assert sorted(p.name for p in package.iterdir()) == before
+    assert (project / "notes.txt").read_text() == "mine" and a_file.read_text() == "mine"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    export_package(package, empty, progress=False, smoke="off")
+    export_package(package, empty, progress=False, smoke="off")  # an earlier artifact is replaced
+    assert (empty / "artifact.json").is_file()
+
+
 def test_unknown_dtype_is_refused_up_front(packages, tmp_path):
     with pytest.raises(ValueError, match="dtype must be one of"):
         export_package(packages["d3"], tmp_path / "fp8", dtype="fp8", progress=False)

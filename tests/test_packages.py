@@ -238,3 +238,33 @@ def test_fixture_max_length_sets_the_prompt_limit(tmp_path):
         write_synthetic_package("decision3", tmp_path / "q", max_length=1 << 20)
     with pytest.raises(ValueError, match="Decision 3.0 options"):
         write_synthetic_package("decision2", tmp_path / "r", max_length=2048)
+
+
+def test_a_fixture_replaces_only_what_a_fixture_wrote(tmp_path):
+    """`fixture --out` replaces its folder as a whole: a synthetic package (or an adapter's synthetic base) written
+    earlier, or an empty folder, is replaced; the user's folder, a real model's or a file is refused and kept."""
+    package = tmp_path / "pkg"
+    (root, base) = write_synthetic_package("decision2", package, adapter=True)
+    (root, base) = write_synthetic_package("decision2", package, adapter=True, seed=1)  # both replaced
+    assert detect_family(root) and (base / "model.safetensors").is_file()
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    for out in (project, a_file):
+        with pytest.raises(ValueError, match="not what a fixture wrote there"):
+            write_synthetic_package("decision3", out)
+    assert (project / "notes.txt").read_text() == "mine" and a_file.read_text() == "mine"
+    real_base = tmp_path / "vega-base"  # a real checkpoint beside where an adapter fixture's base would go
+    real_base.mkdir()
+    for name in ("config.json", "model-00001-of-00002.safetensors", "tokenizer.json"):
+        (real_base / name).write_text("real")
+    with pytest.raises(ValueError, match="not what a fixture wrote there"):
+        write_synthetic_package("decision2", tmp_path / "vega", adapter=True)
+    assert sorted(p.name for p in real_base.iterdir()) == ["config.json", "model-00001-of-00002.safetensors", "tokenizer.json"]
+    assert not (tmp_path / "vega").exists()  # refused before the package folder was written either
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (written,) = write_synthetic_package("decision3", empty)
+    assert detect_family(written)

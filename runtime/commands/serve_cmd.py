@@ -28,7 +28,7 @@ def default_model(cache_dir: str | None) -> str:
         code = (
             "import sys; from pathlib import Path; from vllm_sr_runtime.artifacts import atomic_directory; "
             "from vllm_sr_runtime.synthetic.writer import write_synthetic_package\n"
-            "with atomic_directory(Path(sys.argv[1])) as temp: write_synthetic_package('decision3', temp, golden=True)"
+            "with atomic_directory(Path(sys.argv[1]), 'MODEL_MANIFEST.json') as temp: write_synthetic_package('decision3', temp, golden=True)"
         )
         subprocess.run([sys.executable, "-c", code, str(target)], check=True)
     return str(target)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import vllm_sr_runtime
+from user_files import assert_untouched, user_files
 from conftest import load_kwargs
 from vllm_sr_runtime.export.exporter import export_package
 from vllm_sr_runtime.export.provider_checks import cuda_kernel_gaps
@@ -76,16 +77,12 @@ def test_export_never_replaces_a_folder_that_is_not_an_artifact(packages, tmp_pa
     for out in (package, package.parent, tmp_path):
         with pytest.raises(ArtifactError, match="holds the package being exported"):
             export_package(package, out, progress=False, smoke="off")
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "notes.txt").write_text("mine")
-    a_file = tmp_path / "a_file"
-    a_file.write_text("mine")
-    for out in (project, a_file):
+    mine = user_files(tmp_path)
+    for out in mine:
         with pytest.raises(ArtifactError, match="holds no artifact.json"):
             export_package(package, out, progress=False, smoke="off")
     assert sorted(p.name for p in package.iterdir()) == before
-    assert (project / "notes.txt").read_text() == "mine" and a_file.read_text() == "mine"
+    assert_untouched(mine)
     empty = tmp_path / "empty"
     empty.mkdir()
     export_package(package, empty, progress=False, smoke="off")

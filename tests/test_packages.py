@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import vllm_sr_runtime
+from user_files import assert_untouched, user_files
 from conftest import PACKAGE_KINDS, load_kwargs
 from vllm_sr_runtime.errors import PackageError
 from vllm_sr_runtime.families import detect_family
@@ -247,15 +248,11 @@ def test_a_fixture_replaces_only_what_a_fixture_wrote(tmp_path):
     (root, base) = write_synthetic_package("decision2", package, adapter=True)
     (root, base) = write_synthetic_package("decision2", package, adapter=True, seed=1)  # both replaced
     assert detect_family(root) and (base / "model.safetensors").is_file()
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "notes.txt").write_text("mine")
-    a_file = tmp_path / "a_file"
-    a_file.write_text("mine")
-    for out in (project, a_file):
+    mine = user_files(tmp_path)
+    for out in mine:
         with pytest.raises(ValueError, match="not what a fixture wrote there"):
             write_synthetic_package("decision3", out)
-    assert (project / "notes.txt").read_text() == "mine" and a_file.read_text() == "mine"
+    assert_untouched(mine)
     real_base = tmp_path / "vega-base"  # a real checkpoint beside where an adapter fixture's base would go
     real_base.mkdir()
     for name in ("config.json", "model-00001-of-00002.safetensors", "tokenizer.json"):

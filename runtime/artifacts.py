@@ -77,9 +77,11 @@ def check_replaceable(out: Path, replaces: str | None = ARTIFACT_FILE) -> None:
     earlier write of the same kind left: an artifact's `artifact.json`); anything else (a file, the user's project
     folder, a model package, a folder of several artifacts) is refused before any work."""
     out = Path(out).absolute()
-    if not out.exists() and not out.is_symlink():
+    if out.is_symlink():
+        raise ArtifactError(f"{out} is a symbolic link: writing there would replace the link, not its target; give the folder it points to, or a new one")
+    if not out.exists():
         return
-    if out.is_dir() and not out.is_symlink() and (not any(out.iterdir()) or (replaces is not None and (out / replaces).is_file())):
+    if out.is_dir() and (not any(out.iterdir()) or (replaces is not None and (out / replaces).is_file())):
         return
     what = f"holds no {replaces}" if replaces else "is not empty"
     raise ArtifactError(

@@ -83,6 +83,10 @@ def test_export_never_replaces_a_folder_that_is_not_an_artifact(packages, tmp_pa
             export_package(package, out, progress=False, smoke="off")
     assert sorted(p.name for p in package.iterdir()) == before
     assert_untouched(mine)
+    link = tmp_path / "current"
+    link.symlink_to(mine[0])
+    with pytest.raises(ArtifactError, match="symbolic link"):
+        export_package(package, link, progress=False, smoke="off")
     empty = tmp_path / "empty"
     empty.mkdir()
     export_package(package, empty, progress=False, smoke="off")

@@ -9,6 +9,7 @@ import signal
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from vllm_sr_runtime.errors import ArtifactError
 from vllm_sr_runtime.packages.files import list_package_files, sha256_file
@@ -72,6 +73,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def replaceable_folder(out: Path, written_earlier: Callable[[Path], bool]) -> bool:
+    """Whether a write may replace `out` as a whole: nothing is there, or an empty folder, or a folder that
+    `written_earlier` says an earlier write of the same kind left; never a file, a symbolic link or anything else."""
+    out = Path(out)
+    if out.is_symlink():
+        return False
+    if not out.exists():
+        return True
+    return out.is_dir() and (not any(out.iterdir()) or written_earlier(out))
+
+
 def check_replaceable(out: Path, replaces: str | None = ARTIFACT_FILE) -> None:
     """An existing `out` is replaced as a whole, so it must be an empty folder or one holding `replaces` (what an
     earlier write of the same kind left: an artifact's `artifact.json`); anything else (a file, the user's project
@@ -79,9 +91,7 @@ def check_replaceable(out: Path, replaces: str | None = ARTIFACT_FILE) -> None:
     out = Path(out).absolute()
     if out.is_symlink():
         raise ArtifactError(f"{out} is a symbolic link: writing there would replace the link, not its target; give the folder it points to, or a new one")
-    if not out.exists():
-        return
-    if out.is_dir() and (not any(out.iterdir()) or (replaces is not None and (out / replaces).is_file())):
+    if replaceable_folder(out, lambda folder: replaces is not None and (folder / replaces).is_file()):
         return
     what = f"holds no {replaces}" if replaces else "is not empty"
     raise ArtifactError(

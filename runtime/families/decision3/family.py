@@ -75,11 +75,13 @@ class Decision3Module(torch.nn.Module):
     def last_hidden(self, embeds, attention_mask, position_ids):
         """[B, hidden]: the final hidden state at the last position, the one the readout reads."""
         masks = self.attention_masks(embeds, attention_mask)
-        batch, length = embeds.shape[:2]
-        last = torch.arange(length - 1, length, device=embeds.device).expand(batch, 1)
-        with last_layer_at(self.text_model, last) if self.prunes_last_layer else contextlib.nullcontext():
+        with self.last_position_only(embeds) if self.prunes_last_layer else contextlib.nullcontext():
             output = self.text_model(inputs_embeds=embeds, attention_mask=masks, position_ids=position_ids, use_cache=False)
         return output.last_hidden_state[:, -1]
+
+    def last_position_only(self, embeds):
+        batch, length = embeds.shape[:2]
+        return last_layer_at(self.text_model, torch.arange(length - 1, length, device=embeds.device).expand(batch, 1))
 
     @property
     def prunes_last_layer(self) -> bool:

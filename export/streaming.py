@@ -149,18 +149,9 @@ def tracer_notices_silenced() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def trace(
-    streamed: StreamedModule,
-    wrapper: torch.nn.Module,
-    sample: dict,
-    opset: int,
-    input_names,
-    dynamic_axes: dict,
-    output_name: str,
-    translations: dict,
-    method: str = "forward",
-) -> TracedGraph:
-    """torch.onnx (dynamo) trace of one of `wrapper`'s methods (its tensors fake), its weights lazy."""
+def trace_arguments(sample: dict, input_names, dynamic_axes: dict) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
+    """torch.onnx's keyword inputs (the sample as tensors) and dynamic shapes (one Dim per axis label, shared by
+    every input that names it)."""
     kwargs = {}
     for name in input_names:
         value = sample[name]
@@ -173,6 +164,22 @@ def trace(
             dims.setdefault(label, torch.export.Dim(label, min=1, max=1 << 20))
             axes[axis] = dims[label]
         dynamic_shapes[name] = axes
+    return kwargs, dynamic_shapes
+
+
+def trace(
+    streamed: StreamedModule,
+    wrapper: torch.nn.Module,
+    sample: dict,
+    opset: int,
+    input_names,
+    dynamic_axes: dict,
+    output_name: str,
+    translations: dict,
+    method: str = "forward",
+) -> TracedGraph:
+    """torch.onnx (dynamo) trace of one of `wrapper`'s methods (its tensors fake), its weights lazy."""
+    kwargs, dynamic_shapes = trace_arguments(sample, input_names, dynamic_axes)
     if method != "forward":
         wrapper.forward = getattr(wrapper, method)  # the instance attribute wins in nn.Module.__call__
     try:

@@ -4,30 +4,20 @@ weight values; the tests compare against this."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import torch
 
 from vllm_sr_runtime.export.gdn_ops import patched_gdn
 from vllm_sr_runtime.export.graph_passes import trim_contrib_outputs
+from vllm_sr_runtime.export.streaming import trace_arguments, tracer_notices_silenced
 
 
 def reference_trace(module, sample: dict, input_names, dynamic_axes: dict, output_name: str, translations: dict, method: str = "forward") -> onnx.ModelProto:
-    kwargs = {}
-    for name in input_names:
-        value = sample[name]
-        kwargs[name] = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
-    dims: dict = {}
-    shapes = {}
-    for name in input_names:
-        shapes[name] = {}
-        for axis, label in dynamic_axes.get(name, {}).items():
-            dims.setdefault(label, torch.export.Dim(label, min=1, max=1 << 20))
-            shapes[name][axis] = dims[label]
+    kwargs, shapes = trace_arguments(sample, input_names, dynamic_axes)
     if method != "forward":
         module.forward = getattr(module, method)
     try:
-        with patched_gdn(module), torch.no_grad():
+        with patched_gdn(module), torch.no_grad(), tracer_notices_silenced():
             program = torch.onnx.export(
                 module, (), kwargs=kwargs, dynamic_shapes=shapes, dynamo=True, opset_version=23, custom_translation_table=translations,
                 input_names=list(input_names), output_names=[output_name], optimize=True, verbose=False,

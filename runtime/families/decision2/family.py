@@ -75,7 +75,7 @@ class Decision2Module(torch.nn.Module):
         return self.readout_rows_only and prunable(self.backbone)
 
     def head_rows(self, option_index, query_index) -> "HeadRows":
-        return HeadRows(torch.cat([option_index, query_index.view(-1, 1)], dim=1) if self.prunes_last_layer else None)
+        return HeadRows.of(option_index, query_index) if self.prunes_last_layer else HeadRows(None)
 
 
 class HeadRows:
@@ -84,6 +84,15 @@ class HeadRows:
 
     def __init__(self, positions: torch.Tensor | None):
         self.positions = positions
+
+    @classmethod
+    def of(cls, option_index: torch.Tensor, query_index: torch.Tensor) -> "HeadRows":
+        return cls(torch.cat([option_index, query_index.view(-1, 1)], dim=1))
+
+    @staticmethod
+    def count(option_count: int) -> int:
+        """How many rows `of` selects (what bench counts the last layer at)."""
+        return option_count + 1
 
     def computed_only(self, backbone: torch.nn.Module):
         return contextlib.nullcontext() if self.positions is None else last_layer_at(backbone, self.positions)
@@ -138,8 +147,7 @@ class Decision2Family(Family):
         return self.package.max_input_tokens
 
     def readout_row_count(self, inputs: dict[str, np.ndarray]) -> int:
-        """Every option's endpoint and the query token (HeadRows)."""
-        return int(inputs["option_index"].shape[1]) + 1
+        return HeadRows.count(int(inputs["option_index"].shape[1]))
 
     # -- weights -------------------------------------------------------------------------------------
     def backbone_config(self):

@@ -14,8 +14,10 @@ def run(args: argparse.Namespace) -> int:
     from vllm_sr_runtime.parity.compare import compare, default_gates, gates, summarize
     from vllm_sr_runtime.parity.report import write_report
     from vllm_sr_runtime.parity.suite import builtin_suite, short_suite
+    from vllm_sr_runtime.report_folders import prepare_report_folder
     from vllm_sr_runtime.request_files import load_jsonl
 
+    out = prepare_report_folder(Path(args.out), "parity")
     if args.weight_noise_factor != 1.0 and not args.weight_noise:
         raise ValueError("--weight-noise-factor scales --weight-noise: give --weight-noise int8 too")
     if args.weight_noise and (args.profile != "exact" or args.artifact):
@@ -66,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
         "gates": chosen,
         "gates_from_flags": {"max_changed_rate": args.max_changed_rate is not None, "max_abs_diff": args.max_abs_diff is not None},
     }
-    out = Path(args.out)
     write_report(out, meta, summary, rows, failed)
     d = summary["abs_diff"]
     print(

@@ -13,6 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from vllm_sr_runtime.report_folders import write_report_file  # noqa: E402
+
 
 def _png(figure) -> str:
     buffer = io.BytesIO()
@@ -72,8 +74,7 @@ def _table(title: str, stats: dict[str, dict]) -> str:
 
 
 def write_report(out: Path, meta: dict, summary: dict, rows: list[dict], failed: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "parity.json").write_text(json.dumps({**meta, "summary": summary, "gates_failed": failed, "questions": rows}, indent=1) + "\n")
+    write_report_file(out / "parity.json", json.dumps({**meta, "summary": summary, "gates_failed": failed, "questions": rows}, indent=1) + "\n")
     images = plots(rows)
     verdict = "<p class='fail'>Gates failed: " + "; ".join(html.escape(f) for f in failed) + "</p>" if failed else "<p class='ok'>All gates passed.</p>"
     overview = (
@@ -96,4 +97,4 @@ def write_report(out: Path, meta: dict, summary: dict, rows: list[dict], failed:
 <h2>Plots</h2>{figures}
 </body></html>
 """
-    (out / "report.html").write_text(page, encoding="utf-8")
+    write_report_file(out / "report.html", page)

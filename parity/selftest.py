@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_sr_runtime.report_folders import prepare_report_folder, write_report_file
+
 FIXTURES = {  # name -> `fixture` options; confident readouts, so a changed decision means something
     "d2-qwen3": {"family": "decision2", "backbone": "qwen3"},
     "d2-qwen3_5": {"family": "decision2", "backbone": "qwen3_5"},
@@ -191,8 +193,7 @@ def run_selftest(options: SelftestOptions) -> dict:
     from vllm_sr_runtime.devices import parse_device
 
     started = time.time()
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_report_folder(Path(options.out), "selftest")
     device = parse_device(options.device)
     variant = device.spec.variant or "contrib"
     dtypes = options.dtypes or list(device.spec.artifact_dtypes)
@@ -258,7 +259,7 @@ def run_selftest(options: SelftestOptions) -> dict:
         report["http_fixture"] = report["latency_fixture"] = name
     report["failed"] = [f"{row['fixture']} {row['profile']} {row['dtype']}: {failure}" for row in report["parity"] for failure in row["failed"]]
     report["seconds"] = round(time.time() - started, 1)
-    (out / "selftest.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_report_file(out / "selftest.json", json.dumps(report, indent=2) + "\n")
     return report
 
 

@@ -138,19 +138,25 @@ def test_weight_noise_of_int8_size_moves_the_eager_answers(packages, tmp_path):
     import torch
 
     import vllm_sr_runtime
+    from vllm_sr_runtime.parity.weight_noise import perturb_like_int8
 
     suite = tmp_path / "suite.jsonl"
     suite.write_text(json.dumps({"state": "Merge two sorted lists.", "questions": {"c": {"type": "choice", "criteria": {f"k{i}": None for i in range(6)}}, "n": {"type": "noul"}}}) + "\n")
     noisy = run_parity(str(packages["d3"]), "--profile", "exact", "--weight-noise", "int8", "--suite", str(suite), "--out", str(tmp_path / "noisy"))
     assert noisy.returncode in (0, 3), noisy.stderr[-2000:]
     report = json.loads((tmp_path / "noisy" / "parity.json").read_text())
-    module = vllm_sr_runtime.load(packages["d3"], profile="exact").engine.module
+    model = vllm_sr_runtime.load(packages["d3"], profile="exact")
+    module = model.engine.module
     quantized = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj", "in_proj_qkv", "in_proj_z"}  # int8's MatMuls
     expected = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("text_model.") and n.rsplit(".", 1)[-1] in quantized]
     assert report["weight_noise"] == {"form": "int8", "factor": 1.0, "seed": 0, "weights": len(expected)} and len(expected) > 0
     assert report["gates"] == {"max_changed_rate": 0.01, "max_abs_diff": None}
-    assert report["summary"]["abs_diff"]["max"] > 0
     quiet = run_parity(str(packages["d3"]), "--profile", "exact", "--weight-noise", "int8", "--weight-noise-factor", "0", "--suite", str(suite), "--out", str(tmp_path / "zero"))
-    assert quiet.returncode == 0 and json.loads((tmp_path / "zero" / "parity.json").read_text())["summary"]["abs_diff"]["max"] == 0
+    # Two loads of one model answer alike to fp32's last bits only: on several threads the kernels' paths may differ.
+    zero = json.loads((tmp_path / "zero" / "parity.json").read_text())["summary"]["abs_diff"]["max"]
+    assert quiet.returncode == 0 and zero <= 1e-5 < report["summary"]["abs_diff"]["max"], (zero, report["summary"]["abs_diff"])
+    weights = {name: value.clone() for name, value in module.state_dict().items()}
+    perturb_like_int8(model, 0.0)
+    assert all(torch.equal(weights[name], value) for name, value in module.state_dict().items())  # factor 0 adds nothing
     onnx_candidate = run_parity(str(packages["d3"]), "--profile", "max_speed", "--weight-noise", "int8", "--suite", str(suite), "--out", str(tmp_path / "onnx"))
     assert onnx_candidate.returncode == 2 and "use it with --profile exact, not max_speed" in onnx_candidate.stderr

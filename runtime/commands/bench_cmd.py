@@ -4,9 +4,12 @@ limit; or an export's wall time and peak RSS per phase."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import platform
 from pathlib import Path
+
+from vllm_sr_runtime.report_folders import prepare_report_folder, write_report_file
 
 NOISY_HOST_SPREAD = 1.25  # fastest ceiling sample over slowest beyond which the run warns that the host was not quiet
 
@@ -43,6 +46,12 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(cells))
 
 
+def png(figure) -> bytes:
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=110, bbox_inches="tight")
+    return image.getvalue()
+
+
 def plot(rows: list[dict], out: Path) -> list[str]:
     import matplotlib
 
@@ -62,7 +71,7 @@ def plot(rows: list[dict], out: Path) -> list[str]:
         axis.set_xlabel("prompt tokens")
         axis.set_ylabel("median request latency (ms)")
         axis.legend(fontsize=8)
-        figure.savefig(out / "latency_vs_length.png", dpi=110, bbox_inches="tight")
+        write_report_file(out / "latency_vs_length.png", png(figure))
         written.append("latency_vs_length.png")
     server = [r for r in rows if r["profile"] == "server"]
     if server:
@@ -70,7 +79,7 @@ def plot(rows: list[dict], out: Path) -> list[str]:
         axis.plot([r["concurrency"] for r in server], [r["rps"] for r in server], marker="o")
         axis.set_xlabel("concurrent clients")
         axis.set_ylabel("requests/s")
-        figure.savefig(out / "rps_vs_clients.png", dpi=110, bbox_inches="tight")
+        write_report_file(out / "rps_vs_clients.png", png(figure))
         written.append("rps_vs_clients.png")
     return written
 
@@ -139,8 +148,7 @@ def row_labels(entries: list[tuple[str, str, str | None]], artifact_count: int) 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_report_folder(Path(args.out), "bench")
     result: dict = {"mode": args.mode, "machine": machine()}
     if args.mode == "forward":
         import vllm_sr_runtime
@@ -191,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         extra = (["--base-path", args.base_path] if args.base_path else []) + (["--cache-dir", args.cache_dir] if args.cache_dir else [])
         for dtype in [d for d in args.dtype.split(",") if d]:
             result["rows"] += run_export(args.model, dtype, smoke=args.smoke, variant=args.variant, extra=extra)["rows"]
-        (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_report_file(out / "bench.json", json.dumps(result, indent=2) + "\n")
         print_export_table(result["rows"])
         print(out / "bench.json")
         return 0
@@ -205,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         result["target"] = args.url or f"unix:{args.uds}"
         result["rows"] = run_http(args.url, args.uds, concurrency, args.duration, bar.update)
         bar.close()
-    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_report_file(out / "bench.json", json.dumps(result, indent=2) + "\n")
     print_table(result["rows"])
     if result.get("gemm_limit_gflops"):
         print_limits(result)

@@ -1,0 +1,50 @@
+"""Where `bench`, `parity` and `selftest` write their reports: a folder of their own, checked before any work
+(a run can take hours), each file replaced whole so an earlier report is never left half-written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from vllm_sr_runtime.artifacts import ARTIFACT_FILE
+from vllm_sr_runtime.packages.files import MANIFEST_NAME
+
+# Folders whose manifest lists every file they hold: a report written into one (or any folder under it) makes the
+# package fail verification, or the artifact fail its check, at the next load.
+VERIFIED_FOLDERS = ((MANIFEST_NAME, "a model package"), (ARTIFACT_FILE, "an exported artifact"))
+
+
+def prepare_report_folder(out: Path, command: str) -> Path:
+    """Create `out` for `command`'s reports, or say why it cannot be used, before the command does any work."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: {command} writes a folder of reports there; give a folder")
+    resolved = out.resolve()
+    for folder in (resolved, *resolved.parents):
+        for marker, what in VERIFIED_FOLDERS:
+            if (folder / marker).is_file():
+                where = "is" if folder == resolved else f"is inside {folder},"
+                raise ValueError(
+                    f"--out {out} {where} {what} ({marker} lists every file it holds): {command}'s reports there would "
+                    f"make it fail verification; give a folder of its own"
+                )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as problem:
+        raise ValueError(f"--out {out} cannot be created: {problem.strerror or problem}") from problem
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out} is not writable: {command} writes its reports there; give a writable folder")
+    return out
+
+
+def write_report_file(path: Path, data: str | bytes) -> None:
+    """Write `path` whole: readers see the earlier file or this one, never a part."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        if isinstance(data, str):
+            partial.write_text(data, encoding="utf-8")
+        else:
+            partial.write_bytes(data)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)

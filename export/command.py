@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vllm_sr_runtime.cli_values import counts
 from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, MOSTLY_FP32_SHARE, WEIGHT_BITS_CHOICES
 
 
@@ -25,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         shared_context=args.shared_context,
         smoke=args.smoke,
-        lengths=tuple(int(x) for x in args.lengths.split(",")) if args.lengths else None,
+        lengths=tuple(args.lengths) if args.lengths else None,
         int8_activations=args.int8_activations,
         int8_fp32=args.int8_fp32,
         int8_target=args.int8_target,
@@ -124,7 +125,7 @@ def register(sub) -> None:
         help="smoke parity against eager (fp32 within 1e-4, decisions unchanged); auto: when the eager model and one ORT session fit in free memory",
     )  # fmt: skip
     parser.add_argument(
-        "--lengths", metavar="N,N,...",
+        "--lengths", metavar="N,N,...", type=counts,
         help="portable: the static sequence lengths, one graph each (multiples of 64; default powers of two from 128 to the "
         "package's longest prompt, which always gets one). Each graph is compiled, and holds its weights, on MIGraphX",
     )  # fmt: skip

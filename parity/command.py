@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vllm_sr_runtime.cli_values import fraction
 from vllm_sr_runtime.defaults import DEFAULT_MIN_SAVED_TOKENS
 
 
@@ -93,10 +94,10 @@ def register(sub) -> None:
     parser.add_argument("--suite", default="builtin", help="builtin (416+ questions), short (its first 80 short questions, choices of <= 12 options), or a JSONL file with one System One request per line")
     parser.add_argument("--out", default="parity-report")
     parser.add_argument(
-        "--max-changed-rate", type=float,
+        "--max-changed-rate", type=fraction,
         help="fail when more than this fraction of decisions change (default: 0.01 for fp16, bf16, int8 and approximate profiles; not gated for fp32)",
     )  # fmt: skip
-    parser.add_argument("--max-abs-diff", type=float, help="fail when any probability moves by more than this (default: 1e-4 for fp32; not gated otherwise)")
+    parser.add_argument("--max-abs-diff", type=fraction, help="fail when any probability moves by more than this (default: 1e-4 for fp32; not gated otherwise)")
     parser.add_argument(
         "--weight-noise", choices=("int8",),
         help="candidate = the eager model (--profile exact) with seeded Gaussian noise of int8's rounding size on every weight int8 quantizes: "

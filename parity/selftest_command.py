@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vllm_sr_runtime.cli_values import counts, positive_float, positive_int
+
 
 def _list(text: str) -> list[str]:
     return [item for item in text.split(",") if item]
@@ -23,8 +25,8 @@ def run(args: argparse.Namespace) -> int:
         fixtures=fixtures,
         dtypes=_list(args.dtypes) if args.dtypes else None,
         real_dimension=args.real_dimension,
-        lengths=[int(x) for x in _list(args.lengths)],
-        clients=[int(x) for x in _list(args.clients)],
+        lengths=args.lengths,
+        clients=args.clients,
         http_seconds=args.http_seconds,
         questions=args.questions,
         repeats=args.repeats,
@@ -45,10 +47,10 @@ def register(sub) -> None:
         "--real-dimension", action=argparse.BooleanOptionalAction, default=None,
         help="also a real-dimension Decision 3.0 nano fixture, measured for latency and serving (default: on a GPU)",
     )  # fmt: skip
-    parser.add_argument("--lengths", default="128,512,2048", help="forward latency at these prompt lengths (tokens)")
-    parser.add_argument("--clients", default="1,8,64", help="serve throughput at these client counts")
-    parser.add_argument("--http-seconds", type=float, default=10.0, help="seconds per client count")
-    parser.add_argument("--questions", type=int, default=40, help="parity questions per fixture and dtype")
-    parser.add_argument("--repeats", type=int, default=3, help="forward runs per length and profile")
+    parser.add_argument("--lengths", type=counts, default="128,512,2048", help="forward latency at these prompt lengths (tokens)")
+    parser.add_argument("--clients", type=counts, default="1,8,64", help="serve throughput at these client counts")
+    parser.add_argument("--http-seconds", type=positive_float, default=10.0, help="seconds per client count")
+    parser.add_argument("--questions", type=positive_int, default=40, help="parity questions per fixture and dtype")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="forward runs per length and profile")
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(func=run)

@@ -9,13 +9,10 @@ import json
 import platform
 from pathlib import Path
 
+from vllm_sr_runtime.cli_values import counts, positive_float, positive_int
 from vllm_sr_runtime.report_folders import prepare_report_folder, write_report_file
 
 NOISY_HOST_SPREAD = 1.25  # fastest ceiling sample over slowest beyond which the run warns that the host was not quiet
-
-
-def _ints(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part]
 
 
 def machine() -> dict:
@@ -174,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         on_cpu = all(model.device.kind == "cpu" for model in models.values())
         ceilings = GemmCeilings() if on_cpu else None
         result["model"] = {"name": next(iter(models.values())).name, "family": next(iter(models.values())).family.name}
-        lengths, questions = _ints(args.lengths), _ints(args.questions)
+        lengths, questions = args.lengths, args.questions
         bar = tqdm(total=len(lengths) * len(questions) * args.repeats, desc="bench forward", disable=args.quiet)
         result["rows"] = run_forward(models, lengths, questions, args.repeats, ceilings, bar.update, media=args.media)
         bar.close()
@@ -208,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
 
         if not (args.url or args.uds):
             raise ValueError("--mode http needs --url or --uds of a running server")
-        concurrency = _ints(args.concurrency)
+        concurrency = args.concurrency
         bar = tqdm(total=len(concurrency), desc="bench http", disable=args.quiet)
         result["target"] = args.url or f"unix:{args.uds}"
         result["rows"] = run_http(args.url, args.uds, concurrency, args.duration, bar.update)
@@ -241,11 +238,11 @@ def register(sub) -> None:
     parser.add_argument("model", nargs="?", help="package (forward mode)")
     parser.add_argument("--mode", default="forward", choices=["forward", "http", "export"], help="export: wall time and peak RSS of each export phase, each dtype in a child process")
     parser.add_argument("--profiles", default="exact,max_speed")
-    parser.add_argument("--lengths", default="64,128,512,2048")
-    parser.add_argument("--questions", default="1,8")
-    parser.add_argument("--concurrency", default="1,8,64")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per concurrency level (http)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per profile and shape after a warm-up (forward)")
+    parser.add_argument("--lengths", type=counts, default="64,128,512,2048", help="prompt lengths in tokens (a length below the prompt template's own runs at the template's)")
+    parser.add_argument("--questions", type=counts, default="1,8")
+    parser.add_argument("--concurrency", type=counts, default="1,8,64")
+    parser.add_argument("--duration", type=positive_float, default=10.0, help="seconds per concurrency level (http)")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per profile and shape after a warm-up (forward)")
     parser.add_argument("--url", help="server URL, e.g. http://127.0.0.1:8100 (http)")
     parser.add_argument("--uds", help="server Unix socket (http)")
     parser.add_argument("--artifact", action="append", help="max_speed artifact; repeat to compare several (rows max_speed-<dtype>); one exported with --shared-context also adds a shared_context-onnx-<dtype> row")

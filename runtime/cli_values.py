@@ -3,27 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import math
+from typing import Callable
 
 
-def positive_int(text: str) -> int:
-    value = _number(text, int, "a whole number")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
-    return value
+def ranged(kind: type, low: float, high: float = math.inf, *, above: bool = False) -> Callable[[str], int | float]:
+    """A value type: a `kind` in [low, high] (`above`: strictly more than `low`)."""
+    what = "a whole number" if kind is int else "a number"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text!r}") from None
+        if not ((value > low if above else value >= low) and value <= high):  # NaN fails both
+            bound = f"in {low}..{high}" if high != math.inf else f"{'>' if above else '>='} {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, not {value}")
+        return value
+
+    return parse
 
 
-def positive_float(text: str) -> float:
-    value = _number(text, float, "a number")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, not {value}")
-    return value
-
-
-def fraction(text: str) -> float:
-    value = _number(text, float, "a number")
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in 0..1, not {value}")
-    return value
+positive_int = ranged(int, 1)
+non_negative_int = ranged(int, 0)
+port = ranged(int, 0, 65535)
+positive_float = ranged(float, 0, above=True)
+non_negative_float = ranged(float, 0)
+fraction = ranged(float, 0, 1)
 
 
 def counts(text: str) -> list[int]:
@@ -32,10 +38,3 @@ def counts(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("needs at least one number (a comma list, e.g. 128,512)")
     return values
-
-
-def _number(text: str, kind: type, what: str):
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {what}, not {text!r}") from None

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from vllm_sr_runtime.cli_values import non_negative_float, non_negative_int, port, positive_float, positive_int
 from vllm_sr_runtime.profiles import installed_profiles
 from vllm_sr_runtime.server.config import ModelSpec, ServeConfig, check_names, load_models_file
 
@@ -112,21 +113,21 @@ def register(sub) -> None:
     )  # fmt: skip
     parser.add_argument("--artifact", help="exported artifact for max_speed (default: exported into the cache on first use)")
     parser.add_argument("--host", default=ServeConfig.host)
-    parser.add_argument("--port", type=int, default=ServeConfig.port)
+    parser.add_argument("--port", type=port, default=ServeConfig.port)
     parser.add_argument("--uds", help="listen on this Unix socket (its directory must be 0700) instead of TCP")
-    parser.add_argument("--workers", type=int, default=ServeConfig.workers, help="gunicorn worker processes (each loads every model)")
-    parser.add_argument("--threads", type=int, default=ServeConfig.threads, help="request threads per worker")
-    parser.add_argument("--max-queue", type=int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")
-    parser.add_argument("--max-request-bytes", type=int, default=ServeConfig.max_request_bytes)
+    parser.add_argument("--workers", type=positive_int, default=ServeConfig.workers, help="gunicorn worker processes (each loads every model)")
+    parser.add_argument("--threads", type=positive_int, default=ServeConfig.threads, help="request threads per worker")
+    parser.add_argument("--max-queue", type=positive_int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")
+    parser.add_argument("--max-request-bytes", type=positive_int, default=ServeConfig.max_request_bytes)
     parser.add_argument(
-        "--max-bundle-tasks", type=int, default=ServeConfig.max_bundle_tasks,
+        "--max-bundle-tasks", type=positive_int, default=ServeConfig.max_bundle_tasks,
         help="POST /v1/bundle: model calls per bundle (each task body is held to --max-request-bytes)",
     )  # fmt: skip
-    parser.add_argument("--deadline-ms", type=int, default=ServeConfig.default_deadline_ms, help="default request deadline")
-    parser.add_argument("--batch-window-ms", type=float, default=ServeConfig.batch_window_ms, help="batching: wait this long for queued siblings to join")
-    parser.add_argument("--max-batch-tokens", type=int, default=ServeConfig.max_batch_tokens, help="batching: padded tokens per shared pass")
+    parser.add_argument("--deadline-ms", type=positive_int, default=ServeConfig.default_deadline_ms, help="default request deadline")
+    parser.add_argument("--batch-window-ms", type=non_negative_float, default=ServeConfig.batch_window_ms, help="batching: wait this long for queued siblings to join")
+    parser.add_argument("--max-batch-tokens", type=positive_int, default=ServeConfig.max_batch_tokens, help="batching: padded tokens per shared pass")
     parser.add_argument(
-        "--shared-min-tokens", type=int, default=ServeConfig.shared_min_tokens,
+        "--shared-min-tokens", type=non_negative_int, default=ServeConfig.shared_min_tokens,
         help="shared_context: share a request's prefix only when (questions - 1) x prefix tokens reaches this",
     )  # fmt: skip
     parser.add_argument(
@@ -144,21 +145,21 @@ def register(sub) -> None:
         "(comma list; *.example.com for subdomains, * for any); default: only data URLs",
     )  # fmt: skip
     parser.add_argument("--media-url-allow-private", action="store_true", help="also fetch from loopback/private addresses")
-    parser.add_argument("--media-url-timeout", type=float, default=ServeConfig.media_url_timeout_s, help="seconds per media URL fetch")
+    parser.add_argument("--media-url-timeout", type=positive_float, default=ServeConfig.media_url_timeout_s, help="seconds per media URL fetch")
     parser.add_argument(
         "--served-model-name", action="append",
         help="the name requests use for the model; repeat to add aliases (the System One alias jev-latest always names the first model)",
     )  # fmt: skip
     parser.add_argument(
-        "--result-cache-entries", type=int, default=ServeConfig.result_cache_entries,
+        "--result-cache-entries", type=non_negative_int, default=ServeConfig.result_cache_entries,
         help="answers of question rows kept per model and worker (LRU, keyed by everything an answer depends on); 0 turns it off",
     )  # fmt: skip
     parser.add_argument(
-        "--load-attempts", type=int, default=ServeConfig.load_attempts,
+        "--load-attempts", type=positive_int, default=ServeConfig.load_attempts,
         help="tries per model when loading fails for a transient reason (download, device busy, out of memory while placing); "
         "a verification failure is never retried",
     )  # fmt: skip
-    parser.add_argument("--load-retry-seconds", type=float, default=ServeConfig.load_retry_seconds, help="first wait between load tries, doubling up to 300 s")
+    parser.add_argument("--load-retry-seconds", type=non_negative_float, default=ServeConfig.load_retry_seconds, help="first wait between load tries, doubling up to 300 s")
     parser.add_argument("--cache-dir")
     parser.add_argument("--offline", action="store_true")
     parser.add_argument("--base-path", help="local copy of an adapter package's base checkpoint")

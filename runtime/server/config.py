@@ -78,34 +78,6 @@ class ServeConfig:
     graceful_timeout: int = 60
     extra: dict = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        for name, (flag, low, high) in LIMITS.items():
-            value = getattr(self, name)
-            if not low <= value <= high:
-                bound = f">= {low}" if high == float("inf") else f"in {low}..{high}"
-                raise ValueError(f"{flag} must be {bound}, not {value}")
-        if self.media_url_timeout_s <= 0:
-            raise ValueError(f"--media-url-timeout must be > 0, not {self.media_url_timeout_s} (seconds per fetch)")
-
-
-# What each setting may hold, and the flag that sets it; checked before gunicorn starts, so a typo is one clear
-# line, not a server that binds nothing, spawns no worker or answers every request 429.
-LIMITS: dict[str, tuple[str, float, float]] = {
-    "port": ("--port", 0, 65535),
-    "workers": ("--workers", 1, float("inf")),
-    "threads": ("--threads", 1, float("inf")),
-    "max_queue": ("--max-queue", 1, float("inf")),
-    "max_request_bytes": ("--max-request-bytes", 1, float("inf")),
-    "max_bundle_tasks": ("--max-bundle-tasks", 1, float("inf")),
-    "default_deadline_ms": ("--deadline-ms", 1, float("inf")),
-    "batch_window_ms": ("--batch-window-ms", 0, float("inf")),
-    "max_batch_tokens": ("--max-batch-tokens", 1, float("inf")),
-    "shared_min_tokens": ("--shared-min-tokens", 0, float("inf")),
-    "result_cache_entries": ("--result-cache-entries", 0, float("inf")),
-    "load_attempts": ("--load-attempts", 1, float("inf")),
-    "load_retry_seconds": ("--load-retry-seconds", 0, float("inf")),
-}
-
 
 def load_models_file(path: str) -> list[ModelSpec]:
     import yaml

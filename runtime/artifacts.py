@@ -12,11 +12,24 @@ from pathlib import Path
 from typing import Callable
 
 from vllm_sr_runtime.errors import ArtifactError
-from vllm_sr_runtime.packages.files import list_package_files, sha256_file
+from vllm_sr_runtime.packages.files import MANIFEST_NAME, list_package_files, sha256_file
 
 ARTIFACT_SCHEMA = "vllm-sr-runtime-artifact/1"
 ARTIFACT_FILE = "artifact.json"
 PARTIAL_MARK = ".partial-"
+# Folders whose manifest lists every file they hold: anything written into one (or into a folder under it) makes the
+# package fail verification, or the artifact its check, at the next load.
+VERIFIED_FOLDERS = ((MANIFEST_NAME, "a model package"), (ARTIFACT_FILE, "an exported artifact"))
+
+
+def enclosing_verified_folder(path: Path) -> tuple[Path, str, str] | None:
+    """The model package or artifact that `path` is, or is inside: (its folder, its manifest's name, what it is)."""
+    resolved = Path(path).resolve()
+    for folder in (resolved, *resolved.parents):
+        for marker, what in VERIFIED_FOLDERS:
+            if (folder / marker).is_file():
+                return folder, marker, what
+    return None
 
 
 def file_inventory(root: Path) -> dict[str, dict]:
@@ -73,6 +86,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def inside_verified_folder(out: Path) -> str | None:
+    """Why a folder may not be written at `out`: it would be inside a model package or an artifact (`out` itself
+    may be one that an earlier write of the same kind left); None when it would not."""
+    enclosing = enclosing_verified_folder(Path(out).absolute().parent)
+    if enclosing is None:
+        return None
+    folder, marker, what = enclosing
+    return f"{out} is inside {folder}, {what} ({marker} lists every file it holds): writing there would make it fail verification; choose a folder outside it"
+
+
 def replaceable_folder(out: Path, written_earlier: Callable[[Path], bool]) -> bool:
     """Whether a write may replace `out` as a whole: nothing is there, or an empty folder, or a folder that
     `written_earlier` says an earlier write of the same kind left; never a file, a symbolic link or anything else."""
@@ -91,6 +114,9 @@ def check_replaceable(out: Path, replaces: str | None = ARTIFACT_FILE) -> None:
     out = Path(out).absolute()
     if out.is_symlink():
         raise ArtifactError(f"{out} is a symbolic link: writing there would replace the link, not its target; give the folder it points to, or a new one")
+    inside = inside_verified_folder(out)
+    if inside:
+        raise ArtifactError(inside)
     if replaceable_folder(out, lambda folder: replaces is not None and (folder / replaces).is_file()):
         return
     what = f"holds no {replaces}" if replaces else "is not empty"

@@ -6,12 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vllm_sr_runtime.artifacts import ARTIFACT_FILE
-from vllm_sr_runtime.packages.files import MANIFEST_NAME
-
-# Folders whose manifest lists every file they hold: a report written into one (or any folder under it) makes the
-# package fail verification, or the artifact fail its check, at the next load.
-VERIFIED_FOLDERS = ((MANIFEST_NAME, "a model package"), (ARTIFACT_FILE, "an exported artifact"))
+from vllm_sr_runtime.artifacts import enclosing_verified_folder
 
 
 def prepare_report_folder(out: Path, command: str) -> Path:
@@ -19,15 +14,14 @@ def prepare_report_folder(out: Path, command: str) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file: {command} writes a folder of reports there; give a folder")
-    resolved = out.resolve()
-    for folder in (resolved, *resolved.parents):
-        for marker, what in VERIFIED_FOLDERS:
-            if (folder / marker).is_file():
-                where = "is" if folder == resolved else f"is inside {folder},"
-                raise ValueError(
-                    f"--out {out} {where} {what} ({marker} lists every file it holds): {command}'s reports there would "
-                    f"make it fail verification; give a folder of its own"
-                )
+    enclosing = enclosing_verified_folder(out)
+    if enclosing is not None:
+        folder, marker, what = enclosing
+        where = "is" if folder == out.resolve() else f"is inside {folder},"
+        raise ValueError(
+            f"--out {out} {where} {what} ({marker} lists every file it holds): {command}'s reports there would "
+            f"make it fail verification; give a folder of its own"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as problem:

@@ -67,8 +67,8 @@ def test_export_prints_the_graphs_notices_not_torchs(packages, tmp_path):
 
 def test_export_never_replaces_a_folder_that_is_not_an_artifact(packages, tmp_path):
     """An export replaces --out as a whole: the package's own folder, a folder holding it, a non-empty folder of
-    something else, or a file are refused before any work, and left as they were; an empty folder or an earlier
-    artifact is replaced."""
+    something else, a file, or a folder inside a package or an artifact are refused before any work, and left as
+    they were; an empty folder or an earlier artifact is replaced."""
     import shutil
 
     package = tmp_path / "models" / "d3"
@@ -81,15 +81,21 @@ def test_export_never_replaces_a_folder_that_is_not_an_artifact(packages, tmp_pa
     for out in mine:
         with pytest.raises(ArtifactError, match="holds no artifact.json"):
             export_package(package, out, progress=False, smoke="off")
+    # Inside the package (an `onnx/` folder, as many repos keep one) or inside another artifact: the artifact's files
+    # would be files the package's (or that artifact's) manifest does not list, and it would fail verification.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    export_package(package, empty, progress=False, smoke="off")
+    for out, inside in ((package / "onnx", package), (package / "onnx" / "fp32", package), (empty / "nested", empty)):
+        with pytest.raises(ArtifactError, match=f"is inside {inside}, an? (model package|exported artifact)"):
+            export_package(package, out, progress=False, smoke="off")
+    assert not (package / "onnx").exists() and not (empty / "nested").exists()
     assert sorted(p.name for p in package.iterdir()) == before
     assert_untouched(mine)
     link = tmp_path / "current"
     link.symlink_to(mine[0])
     with pytest.raises(ArtifactError, match="symbolic link"):
         export_package(package, link, progress=False, smoke="off")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    export_package(package, empty, progress=False, smoke="off")
     export_package(package, empty, progress=False, smoke="off")  # an earlier artifact is replaced
     assert (empty / "artifact.json").is_file()
 

@@ -243,7 +243,8 @@ def test_fixture_max_length_sets_the_prompt_limit(tmp_path):
 
 def test_a_fixture_replaces_only_what_a_fixture_wrote(tmp_path):
     """`fixture --out` replaces its folder as a whole: a synthetic package (or an adapter's synthetic base) written
-    earlier, or an empty folder, is replaced; the user's folder, a real model's or a file is refused and kept."""
+    earlier, or an empty folder, is replaced; the user's folder, a real model's or a file is refused and kept, and so
+    is a folder inside a package."""
     package = tmp_path / "pkg"
     (root, base) = write_synthetic_package("decision2", package, adapter=True)
     (root, base) = write_synthetic_package("decision2", package, adapter=True, seed=1)  # both replaced
@@ -261,6 +262,10 @@ def test_a_fixture_replaces_only_what_a_fixture_wrote(tmp_path):
         write_synthetic_package("decision2", tmp_path / "vega", adapter=True)
     assert sorted(p.name for p in real_base.iterdir()) == ["config.json", "model-00001-of-00002.safetensors", "tokenizer.json"]
     assert not (tmp_path / "vega").exists()  # refused before the package folder was written either
+    listed = sorted(p.name for p in package.iterdir())
+    with pytest.raises(ValueError, match=f"is inside {package}, a model package"):  # it would fail verification
+        write_synthetic_package("decision3", package / "nested")
+    assert sorted(p.name for p in package.iterdir()) == listed
     empty = tmp_path / "empty"
     empty.mkdir()
     (written,) = write_synthetic_package("decision3", empty)

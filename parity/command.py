@@ -23,6 +23,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--weight-noise-factor scales --weight-noise: give --weight-noise int8 too")
     if args.weight_noise and (args.profile != "exact" or args.artifact):
         raise ValueError(f"--weight-noise perturbs the eager model's weights: use it with --profile exact, not {args.profile}")
+    # A request file is read (and every line checked) before any model is loaded: that can take minutes.
+    requests = load_jsonl(Path(args.suite)) if args.suite not in ("builtin", "short") else None
     common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
     reference = vllm_sr_runtime.load(args.model, profile=args.against, **common)
     candidate = vllm_sr_runtime.load(args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, **common)
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.suite == "short":
         suite = short_suite(reference.family.max_input_tokens)
     else:
-        suite = load_jsonl(Path(args.suite))
+        suite = requests
     rows = compare(reference, candidate, suite, progress=not args.quiet)
     summary = summarize(rows)
     # weight noise stands in for int8: held to int8's gate

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_sr_runtime.errors import InvalidRequest
+from vllm_sr_runtime.families.questions import parse_questions
+
 
 @dataclass
 class SuiteRequest:
@@ -19,9 +22,14 @@ class SuiteRequest:
 
 
 def load_jsonl(path: Path) -> list[SuiteRequest]:
-    """Every request of the file, in order; ValueError naming the line for one that is not a request."""
+    """Every request of the file, in order; ValueError naming the line for one that is not a request (checked as
+    the server checks a request's questions, so a bad line is found before any model is loaded)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
     requests = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -30,6 +38,10 @@ def load_jsonl(path: Path) -> list[SuiteRequest]:
             raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
         if not isinstance(body, dict) or not isinstance(body.get("questions"), dict):
             raise ValueError(f"{path}:{number}: each line must be a System One request with state and questions")
+        try:
+            parse_questions(body["questions"])
+        except InvalidRequest as exc:
+            raise ValueError(f"{path}:{number}: {exc.message}") from None
         requests.append(
             SuiteRequest(
                 id=str(body.get("id", f"line-{number}")), state=body.get("state"), questions=body["questions"],

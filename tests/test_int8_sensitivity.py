@@ -316,8 +316,11 @@ def test_a_calibration_file_is_what_the_measurement_runs_on(packages, models, tm
     assert measure_int8_sensitivity(family, 0.5)[0]["calibration"] == {"file": None, "requests": 8, "questions": 30}
 
     bad = _write_requests(tmp_path / "bad.jsonl", [{"state": "x", "questions": {"q": {"type": "choice", "criteria": {}}}}])
-    with pytest.raises(ValueError, match="calibration request 1"):
-        int8_sensitivity.check_calibration(family, int8_sensitivity.calibration_requests(bad))
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: questions\['q'\]: a choice needs 2..255 options"):  # as the server refuses it
+        int8_sensitivity.calibration_requests(bad)
+    unrendered = _write_requests(tmp_path / "levels.jsonl", [{"state": "x", "questions": {"q": {"type": "score", "criteria": ["same", "same"]}}}])
+    with pytest.raises(ValueError, match="calibration request 1: q: "):  # a question this family cannot render
+        int8_sensitivity.check_calibration(family, int8_sensitivity.calibration_requests(unrendered))
     media = _write_requests(tmp_path / "media.jsonl", [{"id": "pic", "state": "x", "questions": requests[0]["questions"], "images": ["data:image/png;base64,AA=="]}])
     with pytest.raises(ValueError, match="text only.*pic"):
         int8_sensitivity.calibration_requests(media)

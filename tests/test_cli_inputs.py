@@ -1,7 +1,7 @@
-"""Impossible numbers on the command line are refused while it is parsed (exit 2, naming the flag), before any
-model is loaded or server started: a bench with 0 repeats died in an IndexError after loading, 0 questions in a
-KeyError, a parity gate outside 0..1 could never fail (or always did), serve --workers 0 ran a master that answered
-nothing."""
+"""What a command is given is checked before any model is loaded or server started. Impossible numbers are
+refused while the command line is parsed (exit 2, naming the flag): a bench with 0 repeats died in an IndexError
+after loading, 0 questions in a KeyError, a parity gate outside 0..1 could never fail (or always did), serve
+--workers 0 ran a master that answered nothing."""
 
 from __future__ import annotations
 
@@ -47,3 +47,28 @@ def test_lists_and_defaults_parse_to_numbers():
     assert build_parser().parse_args(["export", "pkg", "--out", "a", "--lengths", "128,256"]).lengths == [128, 256]
     serve = build_parser().parse_args(["serve", "--port", "0", "--result-cache-entries", "0", "--batch-window-ms", "0"])
     assert (serve.port, serve.result_cache_entries, serve.batch_window_ms, serve.workers) == (0, 0, 0.0, 1)
+
+
+def test_a_request_file_is_checked_line_by_line_before_any_model_is_loaded(tmp_path, capsys):
+    """parity --suite FILE: a missing file, a line that is not JSON, or a line whose questions the server would
+    refuse is named (file:line) before the models load (an unreadable file raised a bare FileNotFoundError after
+    loading both, an invalid question stopped the run midway without its line)."""
+    from vllm_sr_runtime.cli import main
+    from vllm_sr_runtime.request_files import load_jsonl
+
+    good = '{"state": "s", "questions": {"a": {"type": "noul"}}}'
+    cases = {
+        "missing.jsonl": (None, "missing.jsonl: cannot be read (No such file or directory)"),
+        "text.jsonl": (f"{good}\nnot json\n", "text.jsonl:2: not JSON"),
+        "type.jsonl": (f"{good}\n\n" + '{"state": "s", "questions": {"a": {"type": "bogus"}}}\n', "type.jsonl:3: questions['a'].type must be one of choice, noul, score, got 'bogus'"),
+        "options.jsonl": ('{"state": "s", "questions": {"c": {"type": "choice", "criteria": {"only": null}}}}\n', "options.jsonl:1: questions['c']: a choice needs 2..255 options, got 1"),
+    }
+    for name, (text, says) in cases.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        # A model that does not exist: the refusal is about the file, so it came before the model was looked at.
+        assert main(["parity", str(tmp_path / "no-such-model"), "--suite", str(path), "--out", str(tmp_path / "report"), "--quiet"]) == 2
+        assert says in capsys.readouterr().err
+    (tmp_path / "fine.jsonl").write_text(f"{good}\n")
+    assert [request.questions for request in load_jsonl(tmp_path / "fine.jsonl")] == [{"a": {"type": "noul"}}]

@@ -72,3 +72,16 @@ def test_a_request_file_is_checked_line_by_line_before_any_model_is_loaded(tmp_p
         assert says in capsys.readouterr().err
     (tmp_path / "fine.jsonl").write_text(f"{good}\n")
     assert [request.questions for request in load_jsonl(tmp_path / "fine.jsonl")] == [{"a": {"type": "noul"}}]
+
+
+def test_serve_without_a_model_says_when_the_cache_cannot_hold_the_default_package(tmp_path, capsys):
+    """A --cache-dir that is a file: one line naming the cache and the ways out, not the child writer's traceback
+    followed by the parent's CalledProcessError."""
+    from vllm_sr_runtime.cli import main
+
+    cache = tmp_path / "cache"
+    cache.write_text("a file, not a folder")
+    assert main(["serve", "--cache-dir", str(cache), "--port", "0"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [f"error: no model given, and the cache {cache} cannot hold the default synthetic package (Not a directory): give a model, or a writable --cache-dir (or VLLM_SR_RUNTIME_CACHE_DIR)"]
+    assert cache.read_text() == "a file, not a folder"

@@ -23,15 +23,24 @@ def default_model(cache_dir: str | None) -> str:
 
     from vllm_sr_runtime.packages.resolve import default_cache_dir
 
-    target = (Path(cache_dir) if cache_dir else default_cache_dir()) / "fixtures" / DEFAULT_FIXTURE
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = root / "fixtures" / DEFAULT_FIXTURE
     if not (target / "MODEL_MANIFEST.json").is_file():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(
+                f"no model given, and the cache {root} cannot hold the default synthetic package ({exc.strerror or exc}): "
+                "give a model, or a writable --cache-dir (or VLLM_SR_RUNTIME_CACHE_DIR)"
+            ) from None
         print(f"no model given: writing a tiny synthetic Decision 3.0 package to {target}", flush=True)
         code = (
             "import sys; from pathlib import Path; from vllm_sr_runtime.artifacts import atomic_directory; "
             "from vllm_sr_runtime.synthetic.writer import write_synthetic_package\n"
             "with atomic_directory(Path(sys.argv[1]), 'MODEL_MANIFEST.json') as temp: write_synthetic_package('decision3', temp, golden=True)"
         )
-        subprocess.run([sys.executable, "-c", code, str(target)], check=True)
+        if subprocess.run([sys.executable, "-c", code, str(target)]).returncode != 0:
+            raise ValueError(f"no model given, and writing the default synthetic package to {target} failed (its error is above)")
     return str(target)
 
 

@@ -126,6 +126,7 @@ def test_bench_http(packages, tmp_path):
         assert result.returncode == 0, result.stderr[-2000:]
     finally:
         server.stop()
+    assert result.stdout.splitlines()[0].split()[-1] == "errors"  # the table shows failed requests too
     report = json.loads((out / "bench.json").read_text())
     rows = report["rows"]
     assert [row["concurrency"] for row in rows] == [1, 4]

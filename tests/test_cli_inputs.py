@@ -85,3 +85,17 @@ def test_serve_without_a_model_says_when_the_cache_cannot_hold_the_default_packa
     error = capsys.readouterr().err.strip().splitlines()
     assert error == [f"error: no model given, and the cache {cache} cannot hold the default synthetic package (Not a directory): give a model, or a writable --cache-dir (or VLLM_SR_RUNTIME_CACHE_DIR)"]
     assert cache.read_text() == "a file, not a folder"
+
+
+def test_bench_http_refuses_an_address_where_nothing_answers(tmp_path, capsys):
+    """Not a table of rps 0.000 whose every request was a connection error."""
+    import socket
+
+    from vllm_sr_runtime.cli import main
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed again: nothing listens there
+    assert main(["bench", "--mode", "http", "--url", url, "--duration", "1", "--out", str(tmp_path / "bench"), "--quiet"]) == 2
+    assert f"error: nothing answers HTTP at {url}" in capsys.readouterr().err
+    assert not (tmp_path / "bench" / "bench.json").exists()

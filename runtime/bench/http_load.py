@@ -38,7 +38,20 @@ def _connection(url: str | None, uds: str | None, timeout: float) -> http.client
     return http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout)
 
 
+def check_reachable(url: str | None, uds: str | None) -> None:
+    """Something answers HTTP there (any status): otherwise every request of the load would count as an error."""
+    conn = _connection(url, uds, timeout=10.0)
+    try:
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise ValueError(f"nothing answers HTTP at {url or 'unix:' + str(uds)} ({exc}): start the server (vllm-sr-runtime serve) first") from None
+    finally:
+        conn.close()
+
+
 def run_http(url: str | None, uds: str | None, concurrency: list[int], duration: float, progress) -> list[dict]:
+    check_reachable(url, uds)
     rows = []
     for clients in concurrency:
         latencies: list[float] = []

@@ -34,6 +34,8 @@ def machine() -> dict:
 
 def print_table(rows: list[dict]) -> None:
     columns = ["profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "ceiling", "fraction_of_limit"]
+    if any("errors" in row for row in rows):  # http: failed requests (not 200, not 429)
+        columns.append("errors")
     print("  ".join(f"{c:>14}" for c in columns))
     for row in rows:
         cells = []

@@ -19,7 +19,7 @@ ARTIFACT_FILE = "artifact.json"
 PARTIAL_MARK = ".partial-"
 # Folders whose manifest lists every file they hold: anything written into one (or into a folder under it) makes the
 # package fail verification, or the artifact its check, at the next load.
-VERIFIED_FOLDERS = ((MANIFEST_NAME, "a model package"), (ARTIFACT_FILE, "an exported artifact"))
+VERIFIED_FOLDERS = ((ARTIFACT_FILE, "an exported artifact"), (MANIFEST_NAME, "a model package"))  # an artifact holds a package manifest too
 
 
 def enclosing_verified_folder(path: Path) -> tuple[Path, str, str] | None:

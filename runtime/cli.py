@@ -41,9 +41,19 @@ def cmd_fixture(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from vllm_sr_runtime.artifacts import ARTIFACT_FILE, read_artifact
     from vllm_sr_runtime.families import open_family
     from vllm_sr_runtime.packages.resolve import resolve_package
 
+    if (Path(args.package) / ARTIFACT_FILE).is_file():  # an exported artifact: its own manifest lists its files
+        manifest = read_artifact(Path(args.package))
+        source = manifest.get("source", {})
+        print(
+            f"ok: artifact {args.package}: {manifest.get('variant')} {manifest.get('dtype')} of {source.get('family')} "
+            f"{source.get('model_name')} model_sha256={source.get('model_sha256')} files={len(manifest.get('files') or {})} "
+            f"verification=artifact ({ARTIFACT_FILE}: every file's size and sha256)"
+        )
+        return 0
     ref = resolve_package(args.package, cache_dir=args.cache_dir, offline=args.offline or None)
     family = open_family(ref, base_path=Path(args.base_path) if args.base_path else None, cache_dir=args.cache_dir, offline=args.offline or None)
     package = family.package
@@ -96,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--out", required=True)
     fixture.set_defaults(func=cmd_fixture)
 
-    verify = sub.add_parser("verify", help="verify a package (local dir or REPO@REV) without loading it")
-    verify.add_argument("package", help="PATH, REPO (a pinned release's default revision) or REPO@REV")
+    verify = sub.add_parser("verify", help="verify a package (local dir or REPO@REV), or an exported artifact, without loading it")
+    verify.add_argument("package", help="PATH, REPO (a pinned release's default revision) or REPO@REV; or an artifact's folder")
     _add_source_options(verify)
     verify.set_defaults(func=cmd_verify)
 

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Callable
 
 from vllm_sr_runtime.errors import ArtifactError
-from vllm_sr_runtime.packages.files import MANIFEST_NAME, list_package_files, sha256_file
+from vllm_sr_runtime.packages.files import ARTIFACT_FILE, MANIFEST_NAME, list_package_files, sha256_file
 
 ARTIFACT_SCHEMA = "vllm-sr-runtime-artifact/1"
-ARTIFACT_FILE = "artifact.json"
 PARTIAL_MARK = ".partial-"
 # Folders whose manifest lists every file they hold: anything written into one (or into a folder under it) makes the
 # package fail verification, or the artifact its check, at the next load.

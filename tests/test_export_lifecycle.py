@@ -17,7 +17,7 @@ from user_files import assert_untouched, user_files
 from conftest import load_kwargs
 from vllm_sr_runtime.export.exporter import export_package
 from vllm_sr_runtime.export.provider_checks import cuda_kernel_gaps
-from vllm_sr_runtime.errors import ArtifactError
+from vllm_sr_runtime.errors import ArtifactError, PackageError
 
 
 def test_first_use_exports_into_the_cache(packages, tmp_path):
@@ -250,6 +250,8 @@ def test_verify_checks_an_artifact_against_its_own_manifest(packages, tmp_path, 
 
     artifact = tmp_path / "artifact"
     export_package(packages["d3"], artifact, progress=False, smoke="off")
+    with pytest.raises(PackageError, match="an exported artifact, not a model package: give the package it was exported from"):
+        vllm_sr_runtime.load(artifact)  # not verified as the package whose manifest it carries
     assert main(["verify", str(artifact)]) == 0
     said = capsys.readouterr().out
     assert said.startswith(f"ok: artifact {artifact}: contrib fp32 of decision3 ") and "verification=artifact" in said

@@ -10,6 +10,7 @@ from pathlib import Path
 from vllm_sr_runtime.errors import PackageError
 
 MANIFEST_NAME = "MODEL_MANIFEST.json"
+ARTIFACT_FILE = "artifact.json"  # an exported artifact's manifest (it carries its package's MANIFEST_NAME too)
 # Files a Hub checkout or cache adds that are not part of a package.
 GOLDEN_FILE = "golden_answers.json"  # bound to the package by its identity (model_sha256), not listed in its manifest
 IGNORED_NAMES = {".gitattributes", GOLDEN_FILE}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_sr_runtime.errors import DownloadError, PackageError
+from vllm_sr_runtime.packages.files import ARTIFACT_FILE
 from vllm_sr_runtime.packages.releases import PinnedRevision, find_release
 from vllm_sr_runtime.packages.revisions import hub_errors, resolve_commit
 
@@ -60,6 +61,12 @@ def resolve_package(
             raise PackageError("a local package directory takes no @revision", str(local))
         if not local.is_dir():
             raise PackageError("not a package directory", str(local))
+        if (local / ARTIFACT_FILE).is_file():
+            raise PackageError(
+                f"an exported artifact, not a model package: give the package it was exported from, and this folder "
+                f"as its artifact (--artifact {local}, or load(..., artifact=...), with profile max_speed)",
+                str(local),
+            )
         return PackageRef(path=local.resolve(), repo_id=None, revision=None, source="local")
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise PackageError(f"no such local package directory, and not a Hub repo id (owner/name): {name}")

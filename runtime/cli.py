@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from vllm_sr_runtime.cli_values import positive_float, positive_int
 from vllm_sr_runtime.errors import RuntimeServiceError
 
 
@@ -98,11 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not record the package's exact answers to the golden suite (golden_answers.json, replayed while serve warms it)",
     )  # fmt: skip
     fixture.add_argument("--calibrated", action="store_true", help="decision2: add score offsets and per-type temperatures")
-    fixture.add_argument("--readout-scale", type=float, default=1.0, help="scale the readout so answers are confident (e.g. 8)")
+    fixture.add_argument("--readout-scale", type=positive_float, default=1.0, help="scale the readout so answers are confident (e.g. 8)")
     fixture.add_argument("--attention-mode", default="noncausal_full_attention", choices=["causal", "noncausal_full_attention"])
     fixture.add_argument("--vision", action="store_true", help="decision3: add a vision tower (visual. weights, processor configs)")
     fixture.add_argument("--max-length", type=int, help="decision3: the longest prompt the package declares (default 4096)")
-    fixture.add_argument("--layers", type=int, help="change the backbone's depth (hybrid backbones keep the 3:1 GDN / full-attention pattern)")
+    fixture.add_argument("--layers", type=positive_int, help="change the backbone's depth (hybrid backbones keep the 3:1 GDN / full-attention pattern)")
     fixture.add_argument("--out", required=True)
     fixture.set_defaults(func=cmd_fixture)
 

@@ -19,6 +19,9 @@ REFUSED = [
     (["parity", "pkg", "--max-abs-diff", "-1"], "--max-abs-diff: must be in 0..1, not -1.0"),
     (["selftest", "--clients", "0"], "--clients: must be >= 1, not 0"),
     (["export", "pkg", "--out", "a", "--lengths", "128,x"], "--lengths: must be a whole number, not 'x'"),
+    # fixture: a readout scale of 0 answers every question uniformly, a negative one inverts every answer
+    (["fixture", "--family", "decision3", "--readout-scale", "0", "--out", "x"], "--readout-scale: must be > 0, not 0.0"),
+    (["fixture", "--family", "decision3", "--layers", "0", "--out", "x"], "--layers: must be >= 1, not 0"),
     # serve: not gunicorn's traceback (a port past 65535), a master with no worker, or a queue that 429s everything
     (["serve", "pkg", "--port", "99999"], "--port: must be in 0..65535, not 99999"),
     (["serve", "pkg", "--workers", "0"], "--workers: must be >= 1, not 0"),

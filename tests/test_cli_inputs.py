@@ -25,6 +25,7 @@ REFUSED = [
     # serve: not gunicorn's traceback (a port past 65535), a master with no worker, or a queue that 429s everything
     (["serve", "pkg", "--port", "99999"], "--port: must be in 0..65535, not 99999"),
     (["serve", "pkg", "--workers", "0"], "--workers: must be >= 1, not 0"),
+    (["serve", "pkg", "--deadline-ms", "700000"], "--deadline-ms: must be in 1..600000, not 700000"),  # else every request 400s
     (["serve", "pkg", "--max-queue", "0"], "--max-queue: must be >= 1, not 0"),
     (["serve", "pkg", "--batch-window-ms", "-1"], "--batch-window-ms: must be >= 0, not -1.0"),
     (["serve", "pkg", "--media-url-timeout", "0"], "--media-url-timeout: must be > 0, not 0.0"),

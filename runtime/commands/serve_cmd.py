@@ -6,9 +6,9 @@ import argparse
 import os
 from pathlib import Path
 
-from vllm_sr_runtime.cli_values import non_negative_float, non_negative_int, port, positive_float, positive_int
+from vllm_sr_runtime.cli_values import non_negative_float, non_negative_int, port, positive_float, positive_int, ranged
 from vllm_sr_runtime.profiles import installed_profiles
-from vllm_sr_runtime.server.config import ModelSpec, ServeConfig, check_names, load_models_file
+from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ModelSpec, ServeConfig, check_names, load_models_file
 
 DEFAULT_FIXTURE = "synthetic-d3-tiny"
 
@@ -132,7 +132,7 @@ def register(sub) -> None:
         "--max-bundle-tasks", type=positive_int, default=ServeConfig.max_bundle_tasks,
         help="POST /v1/bundle: model calls per bundle (each task body is held to --max-request-bytes)",
     )  # fmt: skip
-    parser.add_argument("--deadline-ms", type=positive_int, default=ServeConfig.default_deadline_ms, help="default request deadline")
+    parser.add_argument("--deadline-ms", type=ranged(int, 1, MAX_DEADLINE_MS), default=ServeConfig.default_deadline_ms, help=f"default request deadline (requests may set their own, at most {MAX_DEADLINE_MS})")
     parser.add_argument("--batch-window-ms", type=non_negative_float, default=ServeConfig.batch_window_ms, help="batching: wait this long for queued siblings to join")
     parser.add_argument("--max-batch-tokens", type=positive_int, default=ServeConfig.max_batch_tokens, help="batching: padded tokens per shared pass")
     parser.add_argument(

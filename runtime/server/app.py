@@ -41,6 +41,13 @@ OPENAPI = yaml.safe_load(resources.files("vllm_sr_runtime.server").joinpath("ope
 DISCARD_BYTES = 64 * 1024 * 1024  # how much of an over-limit body is read and dropped before answering 413
 
 
+def checked_deadline(deadline: Any) -> int:
+    """A request's deadline_ms (or serve's --deadline-ms, bounded alike on the command line)."""
+    if isinstance(deadline, bool) or not isinstance(deadline, int) or not 1 <= deadline <= MAX_DEADLINE_MS:
+        raise InvalidRequest(f"options.deadline_ms must be an integer in 1..{MAX_DEADLINE_MS}")
+    return deadline
+
+
 class Server:
     def __init__(self, config: ServeConfig, slots: list[ModelSlot]):
         self.config = config
@@ -94,9 +101,7 @@ class Server:
         bad = sorted(set(options) - OPTION_FIELDS)
         if bad:
             raise InvalidRequest(f"unknown option(s): {', '.join(bad)}")
-        deadline = options.get("deadline_ms", default_deadline_ms or self.config.default_deadline_ms)
-        if isinstance(deadline, bool) or not isinstance(deadline, int) or not 1 <= deadline <= MAX_DEADLINE_MS:
-            raise InvalidRequest(f"options.deadline_ms must be an integer in 1..{MAX_DEADLINE_MS}")
+        deadline = checked_deadline(options.get("deadline_ms", default_deadline_ms or self.config.default_deadline_ms))
         if "return_meta" in options and not isinstance(options["return_meta"], bool):
             raise InvalidRequest("options.return_meta must be a boolean")
         if "profile" in options and not isinstance(options["profile"], str):
@@ -265,8 +270,8 @@ class Server:
         if not isinstance(options, dict) or set(options) - {"deadline_ms"}:
             raise InvalidRequest("bundle 'options' takes only deadline_ms")
         deadline = options.get("deadline_ms")
-        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int) or not 1 <= deadline <= MAX_DEADLINE_MS):
-            raise InvalidRequest(f"options.deadline_ms must be an integer in 1..{MAX_DEADLINE_MS}")
+        if deadline is not None:
+            checked_deadline(deadline)
         return tasks, deadline
 
 

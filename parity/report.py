@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 from pathlib import Path
 
@@ -13,14 +12,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from vllm_sr_runtime.report_folders import write_report_file  # noqa: E402
+from vllm_sr_runtime.report_folders import figure_png, write_report_file  # noqa: E402
 
 
 def _png(figure) -> str:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(figure)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return "data:image/png;base64," + base64.b64encode(figure_png(figure)).decode()
 
 
 def plots(rows: list[dict]) -> dict[str, str]:

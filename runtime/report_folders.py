@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -42,3 +43,13 @@ def write_report_file(path: Path, data: str | bytes) -> None:
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def figure_png(figure) -> bytes:
+    """A matplotlib figure as the PNG bytes every report embeds or writes (the figure is closed)."""
+    import matplotlib.pyplot as plt
+
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return image.getvalue()

@@ -4,13 +4,12 @@ limit; or an export's wall time and peak RSS per phase."""
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import platform
 from pathlib import Path
 
 from vllm_sr_runtime.cli_values import counts, positive_float, positive_int
-from vllm_sr_runtime.report_folders import prepare_report_folder, write_report_file
+from vllm_sr_runtime.report_folders import figure_png, prepare_report_folder, write_report_file
 
 NOISY_HOST_SPREAD = 1.25  # fastest ceiling sample over slowest beyond which the run warns that the host was not quiet
 
@@ -45,12 +44,6 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(cells))
 
 
-def png(figure) -> bytes:
-    image = io.BytesIO()
-    figure.savefig(image, format="png", dpi=110, bbox_inches="tight")
-    return image.getvalue()
-
-
 def plot(rows: list[dict], out: Path) -> list[str]:
     import matplotlib
 
@@ -70,7 +63,7 @@ def plot(rows: list[dict], out: Path) -> list[str]:
         axis.set_xlabel("prompt tokens")
         axis.set_ylabel("median request latency (ms)")
         axis.legend(fontsize=8)
-        write_report_file(out / "latency_vs_length.png", png(figure))
+        write_report_file(out / "latency_vs_length.png", figure_png(figure))
         written.append("latency_vs_length.png")
     server = [r for r in rows if r["profile"] == "server"]
     if server:
@@ -78,7 +71,7 @@ def plot(rows: list[dict], out: Path) -> list[str]:
         axis.plot([r["concurrency"] for r in server], [r["rps"] for r in server], marker="o")
         axis.set_xlabel("concurrent clients")
         axis.set_ylabel("requests/s")
-        write_report_file(out / "rps_vs_clients.png", png(figure))
+        write_report_file(out / "rps_vs_clients.png", figure_png(figure))
         written.append("rps_vs_clients.png")
     return written
 

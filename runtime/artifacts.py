@@ -44,12 +44,18 @@ def write_manifest(root: Path, manifest: dict) -> None:
     (root / ARTIFACT_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def check_artifact_folder(root: Path) -> Path:
+    """`root/artifact.json`, refused when it is not there (a quick check: read_artifact verifies the files)."""
+    path = Path(root) / ARTIFACT_FILE
+    if not path.is_file():
+        raise ArtifactError(f"{root} is not an artifact (no {ARTIFACT_FILE})")
+    return path
+
+
 def read_artifact(root: Path) -> dict:
     """The artifact's manifest after checking every file's size and hash (and that nothing is extra)."""
     root = Path(root)
-    path = root / ARTIFACT_FILE
-    if not path.is_file():
-        raise ArtifactError(f"{root} is not an artifact (no {ARTIFACT_FILE})")
+    path = check_artifact_folder(root)
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:

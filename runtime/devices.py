@@ -3,16 +3,14 @@ device is a clear error, and `auto`'s choice comes with its reasons (`vllm-sr-ru
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
 from vllm_sr_runtime.accelerators import Accelerator
+from vllm_sr_runtime.device_names import split_device_name
 from vllm_sr_runtime.errors import UnsupportedDeviceError
-
-DEVICE_PATTERN = re.compile(r"^([a-z][a-z0-9_]*)(?::(\d+))?$")
 
 
 def installed_accelerators() -> dict[str, Accelerator]:
@@ -61,14 +59,9 @@ def auto_choice(accelerators: Mapping[str, Accelerator] | None = None) -> tuple[
 
 def parse_device(text: str, accelerators: Mapping[str, Accelerator] | None = None) -> Device:
     accelerators = installed_accelerators() if accelerators is None else accelerators
-    kinds = ", ".join(f"{kind}[:N]" if spec.indexed else kind for kind, spec in accelerators.items())
-    match = DEVICE_PATTERN.match(text.strip().lower())
-    if not match or (match.group(1) != "auto" and match.group(1) not in accelerators):
-        raise UnsupportedDeviceError(f"device {text!r} is not one of auto, {kinds}")
-    kind, index = match.group(1), match.group(2)
+    shown = ", ".join(f"{kind}[:N]" if spec.indexed else kind for kind, spec in accelerators.items())
+    kind, index = split_device_name(text, accelerators, shown)
     if kind == "auto":
-        if index is not None:
-            raise UnsupportedDeviceError("auto takes no device index")
         return auto_choice(accelerators)[0]
     spec = accelerators[kind]
     if not spec.indexed:

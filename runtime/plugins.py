@@ -108,6 +108,11 @@ def refuse_conflicts(descriptors: Iterable[PluginDescriptor]) -> None:
         seen[descriptor.name] = descriptor
 
 
+def registered_names(kind: str) -> list[str]:
+    """The names the installed plugins of `kind` register, read from their entry points without importing any."""
+    return sorted({entry.name for entry in importlib.metadata.entry_points(group=GROUPS[kind])})
+
+
 @functools.cache
 def installed(kind: str) -> Plugins:
     """The installed plugins of `kind`, loaded once per process."""

@@ -103,3 +103,76 @@ def test_bench_http_refuses_an_address_where_nothing_answers(tmp_path, capsys):
     assert main(["bench", "--mode", "http", "--url", url, "--duration", "1", "--out", str(tmp_path / "bench"), "--quiet"]) == 2
     assert f"error: nothing answers HTTP at {url}" in capsys.readouterr().err
     assert not (tmp_path / "bench" / "bench.json").exists()
+
+
+def marked_artifact(folder):
+    """A folder that says it is an artifact (serve's first check reads no further)."""
+    folder.mkdir()
+    (folder / "artifact.json").write_text("{}")
+    return folder
+
+
+def test_serve_refuses_a_model_it_could_never_load_before_any_worker_starts(packages, tmp_path, monkeypatch, capsys):
+    """A misspelt path, profile or device, an artifact folder given as the model, an unpinned revision, a missing
+    artifact or base checkpoint: before, gunicorn started, the worker's load failed, and the server answered 503
+    until someone read /health. Now the master names every one, one line each, and exits."""
+    from vllm_sr_runtime.cli import main
+    from vllm_sr_runtime.server import gunicorn_app
+
+    monkeypatch.setattr(gunicorn_app.ServeApplication, "run", lambda self: pytest.fail("a server started"))
+    artifact = marked_artifact(tmp_path / "artifact")
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        f"models:\n"
+        f"  - model: {tmp_path / 'nope'}\n    profile: fast\n    device: gpu:0\n    artifact: {tmp_path / 'nope'}\n"
+        f"  - model: vllm-sr/d3-nano@main\n    name: pinned\n"
+        f"  - model: {packages['d3']}\n    device: auto:1\n"
+        f"  - model: {artifact}\n    name: exported\n"
+        f"  - model: vllm-sr/d3-nano\n    base_path: {tmp_path / 'no-base'}\n"
+        f"  - model: someone/else@abc\n"
+    )
+    assert main(["serve", "--models", str(models), "--port", "0"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "error: serve refuses to start:"
+    expected = [
+        f"model {tmp_path / 'nope'}: no such local package directory",
+        f"model {tmp_path / 'nope'}: unknown profile 'fast' (one of ",
+        f"model {tmp_path / 'nope'}: device 'gpu:0' is not one of auto, cpu, cuda, rocm",
+        f"model {tmp_path / 'nope'}: artifact: {tmp_path / 'nope'} is not an artifact (no artifact.json)",
+        "model vllm-sr/d3-nano@main: revision must be a commit (40 hex) or a prefix of at least 8 hex digits, got 'main'",
+        f"model {packages['d3']}: auto takes no device index",
+        f"model {artifact}: an exported artifact, not a model package",
+        f"model vllm-sr/d3-nano: base checkpoint {tmp_path / 'no-base'}: no such directory",
+        "model someone/else@abc: revision must be a 40-hex commit, got 'abc'",
+    ]
+    assert len(lines) == 1 + len(expected)
+    for line, start in zip(lines[1:], expected):
+        assert line.strip().startswith(start), (line, start)
+
+    # One problem is one line; the command line's own model and flags are checked the same way.
+    assert main(["serve", str(tmp_path / "nope"), "--port", "0"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"error: model {tmp_path / 'nope'}: no such local package directory, and not a Hub repo id (owner/name): {tmp_path / 'nope'}"
+    )
+    assert main(["serve", str(packages["d3"]), "--device", "gpu", "--port", "0"]) == 1
+    assert "device 'gpu' is not one of auto" in capsys.readouterr().err
+
+
+def test_what_serve_checks_first_lets_every_loadable_model_through(packages, tmp_path):
+    """A local package, a pinned release by prefix (not downloaded here: the Hub is reached only by the worker), a
+    full commit outside the table, a bare string entry, GPU device names this host lacks (whether one is visible
+    is the worker's to say), an artifact folder."""
+    from vllm_sr_runtime.cli import build_parser
+    from vllm_sr_runtime.commands.serve_cmd import build_config
+    from vllm_sr_runtime.server.preflight import check_models
+
+    artifact = marked_artifact(tmp_path / "artifact")
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        f"models:\n  - {packages['d2_qwen3']}\n  - model: vllm-sr/d3-nano@6601b4d139\n    device: cuda:3\n"
+        f"  - model: someone/else\n    revision: {'a' * 40}\n    device: rocm\n"
+        f"  - model: {packages['d3']}\n    profile: max_speed\n    artifact: {artifact}\n    name: fast\n"
+    )
+    config = build_config(build_parser().parse_args(["serve", "--models", str(models), str(packages["d3"])]))
+    assert [spec.model for spec in config.models] == [str(packages["d2_qwen3"]), "vllm-sr/d3-nano@6601b4d139", "someone/else", str(packages["d3"]), str(packages["d3"])]
+    check_models(config)

@@ -9,6 +9,7 @@ from pathlib import Path
 from vllm_sr_runtime.cli_values import non_negative_float, non_negative_int, port, positive_float, positive_int, ranged
 from vllm_sr_runtime.profiles import installed_profiles
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ModelSpec, ServeConfig, check_names, load_models_file
+from vllm_sr_runtime.server.preflight import check_models
 
 DEFAULT_FIXTURE = "synthetic-d3-tiny"
 
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     config = build_config(args)
+    check_models(config)
     from vllm_sr_runtime.server.gunicorn_app import ServeApplication
 
     ServeApplication(config).run()

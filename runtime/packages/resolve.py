@@ -42,14 +42,19 @@ def parse_model_ref(text: str) -> tuple[str, str | None]:
     return name, revision or None
 
 
-def resolve_package(
-    model: str | os.PathLike,
-    revision: str | None = None,
-    *,
-    cache_dir: str | os.PathLike | None = None,
-    offline: bool | None = None,
-    endpoint: str | None = None,
-) -> PackageRef:
+@dataclass(frozen=True)
+class HubPin:
+    """A Hub package named by MODEL[@REV], checked against the pin table but not yet resolved or downloaded."""
+
+    repo_id: str
+    revision: str  # a full commit, or a pinned release's prefix (the longer of the user's and the table's)
+    pinned: PinnedRevision | None
+
+
+def locate_package(model: str | os.PathLike, revision: str | None = None) -> PackageRef | HubPin:
+    """What MODEL[@REV] names, checked without network or cache: a local package directory, or a pinned Hub
+    revision. Every mistake that needs neither (a missing path, an artifact folder, an unpinned revision) is
+    refused here, so `serve` can refuse it before it starts a worker."""
     text = os.fspath(model)
     name, ref_revision = parse_model_ref(text)
     if revision and ref_revision and revision != ref_revision:
@@ -70,30 +75,40 @@ def resolve_package(
         return PackageRef(path=local.resolve(), repo_id=None, revision=None, source="local")
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise PackageError(f"no such local package directory, and not a Hub repo id (owner/name): {name}")
-    return _resolve_hub(name, revision, cache_dir=cache_dir, offline=offline, endpoint=endpoint)
+    release = find_release(name)
+    if release is not None:
+        pinned = release.pin(revision)
+        # A user's prefix may be longer than the table's: resolve the longer of the two.
+        return HubPin(name, max(pinned.revision, (revision or "").lower(), key=len), pinned)
+    if revision is None:
+        raise PackageError(f"{name} is not a built-in release: pin it with {name}@<40-hex revision>")
+    if not FULL_REVISION.match(revision.lower()):
+        raise PackageError(f"revision must be a 40-hex commit, got {revision.lower()!r} (branches and tags move)")
+    return HubPin(name, revision.lower(), None)
 
 
-def _resolve_hub(
-    repo_id: str,
-    revision: str | None,
+def resolve_package(
+    model: str | os.PathLike,
+    revision: str | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    offline: bool | None = None,
+    endpoint: str | None = None,
+) -> PackageRef:
+    located = locate_package(model, revision)
+    if isinstance(located, PackageRef):
+        return located
+    return _download(located, cache_dir=cache_dir, offline=offline, endpoint=endpoint)
+
+
+def _download(
+    pin: HubPin,
     *,
     cache_dir: str | os.PathLike | None,
     offline: bool | None,
     endpoint: str | None,
 ) -> PackageRef:
-    release = find_release(repo_id)
-    pinned = None
-    if release is not None:
-        pinned = release.pin(revision)
-        # A user's prefix may be longer than the table's: resolve the longer of the two.
-        revision = max(pinned.revision, (revision or "").lower(), key=len)
-    elif revision is None:
-        raise PackageError(f"{repo_id} is not a built-in release: pin it with {repo_id}@<40-hex revision>")
-    else:
-        revision = revision.lower()
-        if not FULL_REVISION.match(revision):
-            raise PackageError(f"revision must be a 40-hex commit, got {revision!r} (branches and tags move)")
-
+    repo_id, revision = pin.repo_id, pin.revision
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -113,4 +128,4 @@ def _resolve_hub(
     except hub_errors() as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DownloadError(f"download of {repo_id}@{revision} failed: {reason}") from None
-    return PackageRef(path=Path(path), repo_id=repo_id, revision=revision, source="hub", pinned=pinned)
+    return PackageRef(path=Path(path), repo_id=repo_id, revision=revision, source="hub", pinned=pin.pinned)

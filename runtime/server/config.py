@@ -92,6 +92,8 @@ def load_models_file(path: str) -> list[ModelSpec]:
     known = {f.name for f in fields(ModelSpec)}
     specs = []
     for index, entry in enumerate(entries):
+        if isinstance(entry, str) and entry:
+            entry = {"model": entry}  # `- vllm-sr/d3-nano`: a model with every default
         if not isinstance(entry, dict) or "model" not in entry:
             raise InvalidRequest(f"--models {path}: entry {index} needs a 'model' field")
         unknown = sorted(set(entry) - known)

@@ -28,6 +28,10 @@ class Profile:
             return self.artifact_engine
         return self.engine
 
+    @property
+    def takes_artifact(self) -> bool:
+        return self.artifact_engine is not None
+
     def served(self) -> list[str]:
         return [self.name, *self.also_serves]
 
@@ -47,7 +51,9 @@ BATCHING = Profile(
     "batching", "torch", "rows of concurrent requests packed into shared passes (exact's engine, or an artifact's)",
     artifact_engine="onnxruntime", merges_requests=True, also_serves=("exact",),
 )  # fmt: skip
-MAX_SPEED = Profile("max_speed", "onnxruntime", "an exported ONNX artifact on ONNX Runtime (exported into the cache on first use)")
+MAX_SPEED = Profile(
+    "max_speed", "onnxruntime", "an exported ONNX artifact on ONNX Runtime (exported into the cache on first use)", artifact_engine="onnxruntime",
+)  # fmt: skip
 BUILTIN = (EXACT, SHARED_CONTEXT, BATCHING, MAX_SPEED)
 
 
@@ -64,6 +70,14 @@ def profile_named(name: str) -> Profile:
     return profiles[name]
 
 
+def unused_artifact(profile: Profile) -> str | None:
+    """Why an artifact given with `profile` would be ignored, or None when the profile runs it."""
+    if profile.takes_artifact:
+        return None
+    takers = [name for name, other in installed_profiles().items() if other.takes_artifact]
+    return f"profile {profile.name} runs no artifact (it runs {profile.engine}): use it with profile {' | '.join(takers)}"
+
+
 def build_engine(profile_name: str, family: Any, device: Any, **options: Any) -> tuple[Any, str, str]:
     """(engine, numerics label, engine plugin name) for a family under a profile on a device."""
     from vllm_sr_runtime.plugins import plugin
@@ -71,6 +85,8 @@ def build_engine(profile_name: str, family: Any, device: Any, **options: Any) ->
     profile = profile_named(profile_name)
     if family.profiles is not None and profile.name not in family.profiles:
         raise InvalidRequest(f"family {family.name} runs profiles {', '.join(family.profiles)}, not {profile.name}")
+    if options.get("artifact") is not None and (reason := unused_artifact(profile)):
+        raise InvalidRequest(reason)
     engine_name = profile.engine_for(family, options.get("artifact"))
     engine, label = plugin("engine", engine_name)(family, device, profile, **options)
     return engine, label, engine_name

@@ -130,6 +130,7 @@ def test_serve_refuses_a_model_it_could_never_load_before_any_worker_starts(pack
         f"  - model: {artifact}\n    name: exported\n"
         f"  - model: vllm-sr/d3-nano\n    base_path: {tmp_path / 'no-base'}\n"
         f"  - model: someone/else@abc\n"
+        f"  - model: {packages['d3']}\n    artifact: {artifact}\n    name: eager\n"
     )
     assert main(["serve", "--models", str(models), "--port", "0"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
@@ -144,6 +145,7 @@ def test_serve_refuses_a_model_it_could_never_load_before_any_worker_starts(pack
         f"model {artifact}: an exported artifact, not a model package",
         f"model vllm-sr/d3-nano: base checkpoint {tmp_path / 'no-base'}: no such directory",
         "model someone/else@abc: revision must be a 40-hex commit, got 'abc'",
+        f"model {packages['d3']}: artifact {artifact}: profile exact runs no artifact (it runs torch): use it with profile batching | max_speed | shared_context",
     ]
     assert len(lines) == 1 + len(expected)
     for line, start in zip(lines[1:], expected):
@@ -156,6 +158,15 @@ def test_serve_refuses_a_model_it_could_never_load_before_any_worker_starts(pack
     )
     assert main(["serve", str(packages["d3"]), "--device", "gpu", "--port", "0"]) == 1
     assert "device 'gpu' is not one of auto" in capsys.readouterr().err
+
+
+def test_an_artifact_given_to_a_profile_that_runs_none_is_refused_not_ignored(packages, tmp_path):
+    """load(..., artifact=A) under exact answered from eager PyTorch, the artifact silently unused."""
+    import vllm_sr_runtime
+    from vllm_sr_runtime.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="profile exact runs no artifact"):
+        vllm_sr_runtime.load(packages["d3"], artifact=marked_artifact(tmp_path / "artifact"))
 
 
 def test_what_serve_checks_first_lets_every_loadable_model_through(packages, tmp_path):

@@ -12,7 +12,7 @@ from vllm_sr_runtime.device_names import split_device_name
 from vllm_sr_runtime.errors import InvalidRequest, PackageError, RuntimeServiceError
 from vllm_sr_runtime.packages.resolve import locate_package
 from vllm_sr_runtime.plugins import registered_names
-from vllm_sr_runtime.profiles import installed_profiles
+from vllm_sr_runtime.profiles import installed_profiles, unused_artifact
 from vllm_sr_runtime.server.config import ModelSpec, ServeConfig
 
 
@@ -32,6 +32,8 @@ def setting_problems(spec: ModelSpec, config: ServeConfig) -> list[str]:
     profile = spec.profile or config.profile
     if profile not in profiles:
         problems.append(f"unknown profile {profile!r} (one of {', '.join(profiles)})")
+    elif spec.artifact and (reason := unused_artifact(profiles[profile])):
+        problems.append(f"artifact {spec.artifact}: {reason}")
     try:
         split_device_name(spec.device or config.device, registered_names("accelerator"))
     except RuntimeServiceError as exc:

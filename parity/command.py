@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vllm_sr_runtime.cli_values import fraction
 from vllm_sr_runtime.defaults import DEFAULT_MIN_SAVED_TOKENS
+from vllm_sr_runtime.profiles import installed_profiles, profile_named, unused_artifact
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
     out = prepare_report_folder(Path(args.out), "parity")
     if args.weight_noise_factor != 1.0 and not args.weight_noise:
         raise ValueError("--weight-noise-factor scales --weight-noise: give --weight-noise int8 too")
+    if args.artifact and (reason := unused_artifact(profile_named(args.profile))):
+        raise ValueError(f"--artifact: {reason}")
     if args.weight_noise and (args.profile != "exact" or args.artifact):
         raise ValueError(f"--weight-noise perturbs the eager model's weights: use it with --profile exact, not {args.profile}")
     # A request file is read (and every line checked) before any model is loaded: that can take minutes.
@@ -90,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     parser = sub.add_parser("parity", help="compare a profile's answers with exact's on a question suite")
     parser.add_argument("model", help="package directory or REPO@REV")
-    parser.add_argument("--against", default="exact")
-    parser.add_argument("--profile", default="max_speed")
+    parser.add_argument("--against", default="exact", choices=sorted(installed_profiles()))
+    parser.add_argument("--profile", default="max_speed", choices=sorted(installed_profiles()))
     parser.add_argument("--artifact", help="artifact for the candidate profile (default: the cache's, exported on first use)")
     parser.add_argument("--suite", default="builtin", help="builtin (416+ questions), short (its first 80 short questions, choices of <= 12 options), or a JSONL file with one System One request per line")
     parser.add_argument("--out", default="parity-report")

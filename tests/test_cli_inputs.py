@@ -17,6 +17,7 @@ REFUSED = [
     (["bench", "--mode", "http", "--url", "u", "--duration", "0"], "--duration: must be > 0, not 0.0"),
     (["parity", "pkg", "--max-changed-rate", "2"], "--max-changed-rate: must be in 0..1, not 2.0"),
     (["parity", "pkg", "--max-abs-diff", "-1"], "--max-abs-diff: must be in 0..1, not -1.0"),
+    (["parity", "pkg", "--profile", "fast"], "--profile: invalid choice: 'fast'"),  # was: after the reference model loaded
     (["selftest", "--clients", "0"], "--clients: must be >= 1, not 0"),
     (["export", "pkg", "--out", "a", "--lengths", "128,x"], "--lengths: must be a whole number, not 'x'"),
     # fixture: a readout scale of 0 answers every question uniformly, a negative one inverts every answer
@@ -160,13 +161,18 @@ def test_serve_refuses_a_model_it_could_never_load_before_any_worker_starts(pack
     assert "device 'gpu' is not one of auto" in capsys.readouterr().err
 
 
-def test_an_artifact_given_to_a_profile_that_runs_none_is_refused_not_ignored(packages, tmp_path):
+def test_an_artifact_given_to_a_profile_that_runs_none_is_refused_not_ignored(packages, tmp_path, capsys):
     """load(..., artifact=A) under exact answered from eager PyTorch, the artifact silently unused."""
     import vllm_sr_runtime
     from vllm_sr_runtime.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="profile exact runs no artifact"):
         vllm_sr_runtime.load(packages["d3"], artifact=marked_artifact(tmp_path / "artifact"))
+    from vllm_sr_runtime.cli import main
+
+    # parity says so before it loads anything (the package named here does not exist)
+    assert main(["parity", str(tmp_path / "nope"), "--profile", "exact", "--artifact", str(tmp_path / "artifact"), "--out", str(tmp_path / "report")]) == 2
+    assert "error: --artifact: profile exact runs no artifact" in capsys.readouterr().err
 
 
 def test_what_serve_checks_first_lets_every_loadable_model_through(packages, tmp_path):

@@ -15,6 +15,10 @@ REFUSED = [
     (["bench", "pkg", "--lengths", "abc"], "--lengths: must be a whole number, not 'abc'"),
     (["bench", "pkg", "--lengths", ","], "--lengths: needs at least one number"),
     (["bench", "--mode", "http", "--url", "u", "--duration", "0"], "--duration: must be > 0, not 0.0"),
+    # bench --profiles: a misspelt one failed after the others had loaded, an empty list in a StopIteration
+    (["bench", "pkg", "--profiles", "exact,fast"], "--profiles: unknown profile(s) fast (installed: "),
+    (["bench", "pkg", "--profiles", ","], "--profiles: needs at least one profile"),
+    (["bench", "pkg", "--profiles", "exact,exact"], "--profiles: a profile is named twice"),
     (["parity", "pkg", "--max-changed-rate", "2"], "--max-changed-rate: must be in 0..1, not 2.0"),
     (["parity", "pkg", "--max-abs-diff", "-1"], "--max-abs-diff: must be in 0..1, not -1.0"),
     (["parity", "pkg", "--profile", "fast"], "--profile: invalid choice: 'fast'"),  # was: after the reference model loaded
@@ -170,7 +174,15 @@ def test_an_artifact_given_to_a_profile_that_runs_none_is_refused_not_ignored(pa
         vllm_sr_runtime.load(packages["d3"], artifact=marked_artifact(tmp_path / "artifact"))
     from vllm_sr_runtime.cli import main
 
-    # parity says so before it loads anything (the package named here does not exist)
+    # bench and parity say so before they load anything (the package named here does not exist); bench forward
+    # without a package was a TypeError, an artifact path that is not there went unnoticed under exact
+    bench = ["bench", str(tmp_path / "nope"), "--out", str(tmp_path / "bench"), "--quiet"]
+    assert main([*bench, "--profiles", "exact,batching", "--artifact", str(tmp_path / "artifact")]) == 2
+    assert "error: --artifact: no profile in --profiles exact,batching runs it" in capsys.readouterr().err
+    assert main([*bench, "--profiles", "exact", "--artifact", str(tmp_path / "missing")]) == 1
+    assert f"error: {tmp_path / 'missing'} is not an artifact" in capsys.readouterr().err
+    assert main(["bench", "--out", str(tmp_path / "bench"), "--quiet"]) == 2
+    assert "error: --mode forward needs a package" in capsys.readouterr().err
     assert main(["parity", str(tmp_path / "nope"), "--profile", "exact", "--artifact", str(tmp_path / "artifact"), "--out", str(tmp_path / "report")]) == 2
     assert "error: --artifact: profile exact runs no artifact" in capsys.readouterr().err
 

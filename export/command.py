@@ -6,14 +6,30 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_sr_runtime.cli_values import counts
+from vllm_sr_runtime.cli_values import counts, ranged
 from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, MOSTLY_FP32_SHARE, WEIGHT_BITS_CHOICES
+
+
+# The int8 options and their defaults: given with another --dtype they would do nothing, so they are refused.
+INT8_DEFAULTS = {
+    "int8_activations": ACTIVATION_FORMS[0], "int8_sensitive": INT8_SENSITIVE_CHOICES[0], "int8_fp32": INT8_FP32_CHOICES[0],
+    "int8_target": DEFAULT_TARGET, "int8_weight_bits": WEIGHT_BITS_CHOICES[0],
+}  # fmt: skip
+
+
+def int8_options(args: argparse.Namespace) -> dict:
+    given = [name for name in INT8_DEFAULTS if getattr(args, name) is not None]
+    if given and args.dtype != "int8":
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(f"{flags}: for --dtype int8 only (this export is {args.dtype})")
+    return {name: default if getattr(args, name) is None else getattr(args, name) for name, default in INT8_DEFAULTS.items()}
 
 
 def run(args: argparse.Namespace) -> int:
     from vllm_sr_runtime.export.exporter import export_package
     from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS, widest_int8_weight_bits
 
+    int8 = int8_options(args)
     manifest = export_package(
         args.package,
         args.out,
@@ -27,12 +43,8 @@ def run(args: argparse.Namespace) -> int:
         shared_context=args.shared_context,
         smoke=args.smoke,
         lengths=tuple(args.lengths) if args.lengths else None,
-        int8_activations=args.int8_activations,
-        int8_fp32=args.int8_fp32,
-        int8_target=args.int8_target,
         int8_calibration=Path(args.int8_calibration) if args.int8_calibration else None,
-        int8_sensitive=args.int8_sensitive,
-        int8_weight_bits=args.int8_weight_bits,
+        **int8,
     )
     smoke = manifest["smoke_parity"]
     ops = sum(manifest["op_counts"].values())
@@ -108,14 +120,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from vllm_sr_runtime.export.exporter import DEFAULT_OPSET, DTYPES, VARIANTS
+    from vllm_sr_runtime.export.exporter import DEFAULT_OPSET, DTYPES, MAX_OPSET, MIN_OPSET, VARIANTS
 
     parser = sub.add_parser("export", help="export a verified package to an ONNX artifact (readout inside)")
     parser.add_argument("package", help="PATH, REPO (a pinned release) or REPO@REV")
     parser.add_argument("--out", required=True, help="artifact directory (written atomically)")
     parser.add_argument("--variant", default="contrib", choices=VARIANTS, help="contrib: com.microsoft fused GDN ops; portable: standard ops only, one static-length graph per --lengths (MIGraphX)")
     parser.add_argument("--dtype", default="fp32", choices=list(DTYPES))
-    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    parser.add_argument("--opset", type=ranged(int, MIN_OPSET, MAX_OPSET), default=DEFAULT_OPSET)
     parser.add_argument(
         "--shared-context", action="store_true",
         help="also export the shared_context graph (a request's common prefix once, its questions continue from it)",
@@ -130,13 +142,13 @@ def register(sub) -> None:
         "package's longest prompt, which always gets one). Each graph is compiled, and holds its weights, on MIGraphX",
     )  # fmt: skip
     parser.add_argument(
-        "--int8-activations", default=ACTIVATION_FORMS[0], choices=ACTIVATION_FORMS,
+        "--int8-activations", choices=ACTIVATION_FORMS,
         help="--dtype int8: one activation scale per token (default; robust to outlier tokens), per tensor (ORT quantize_dynamic's "
         "form) or per block (ORT's MatMulNBits at 8 bits: weights and activations per block of 32 inputs; robust to outlier "
         "channels, slower than per token)",
     )  # fmt: skip
     parser.add_argument(
-        "--int8-sensitive", default=INT8_SENSITIVE_CHOICES[0], choices=INT8_SENSITIVE_CHOICES,
+        "--int8-sensitive", choices=INT8_SENSITIVE_CHOICES,
         help="with per-token activations: where the MatMuls the measurement (--int8-fp32 measured) finds most harmful go: "
         "fp32 (default), first the block form (FP32 only where that still misses --int8-target; measured no faster on "
         "an AVX-512 VNNI host), or first the split form, two int8 halves of weight and activation (~15 bits, two integer "
@@ -144,13 +156,13 @@ def register(sub) -> None:
         "faster than FP32 where int8 products run 4x fp32's or more",
     )  # fmt: skip
     parser.add_argument(
-        "--int8-fp32", default=INT8_FP32_CHOICES[0], choices=INT8_FP32_CHOICES,
+        "--int8-fp32", choices=INT8_FP32_CHOICES,
         help="--dtype int8: which MatMuls stay FP32 besides the fixed rule's (token mixers' output projections, GDN gate inputs): "
         "measured (default; this package's first-order sensitivity on calibration requests picks the most harmful ones, "
         "until --int8-target holds) or rule (none)",
     )  # fmt: skip
     parser.add_argument(
-        "--int8-target", type=float, default=DEFAULT_TARGET, metavar="F",
+        "--int8-target", type=float, metavar="F",
         help="--int8-fp32 measured: keep MatMuls FP32 until every calibration answer's predicted margin change from int8 is "
         f"at most F times its margin (default {DEFAULT_TARGET}; smaller keeps more FP32)",
     )  # fmt: skip
@@ -160,7 +172,7 @@ def register(sub) -> None:
         "text only) instead of the built-in ones: requests like the traffic the model will serve",
     )  # fmt: skip
     parser.add_argument(
-        "--int8-weight-bits", type=int, default=WEIGHT_BITS_CHOICES[0], choices=WEIGHT_BITS_CHOICES,
+        "--int8-weight-bits", type=int, choices=WEIGHT_BITS_CHOICES,
         help="--dtype int8: bits of the weights the integer products read: 8 (default), or 7 for x86 hosts without VNNI "
         "(AVX2, or AVX-512 without AVX512_VNNI), where ONNX Runtime's int8 kernel sums byte products in saturating 16 bits "
         "that 8-bit weights overflow: an 8-bit artifact is refused there (`serve`, `parity`, and this export's smoke parity)",

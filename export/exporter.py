@@ -40,6 +40,8 @@ SUPPORTED_DTYPES = ("fp32", "fp16", "bf16", "int8")  # int8: dynamic (activation
 # DynamicQuantizeLinear are not in the MIGraphX provider's list.
 PORTABLE_DTYPES = ("fp32", "fp16")
 DEFAULT_OPSET = 23
+# torch.onnx's exporter writes nothing below 18; at 26 its Attention node fails the ONNX checker (torch 2.13, onnx 1.23)
+MIN_OPSET, MAX_OPSET = 18, 25
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 SHARED_MODEL_FILE, SHARED_DATA_FILE = "model_shared.onnx", "model_shared.onnx.data"  # its own weights only
 RUNTIME_FILES = (
@@ -69,6 +71,10 @@ def export_package(
     int8_sensitive: str = INT8_SENSITIVE_CHOICES[0],
     int8_weight_bits: int = WEIGHT_BITS_CHOICES[0],
 ) -> dict:
+    check_options(
+        variant=variant, dtype=dtype, opset=opset, shared_context=shared_context, smoke=smoke, lengths=lengths, int8_activations=int8_activations,
+        int8_fp32=int8_fp32, int8_target=int8_target, int8_calibration=int8_calibration, int8_sensitive=int8_sensitive, int8_weight_bits=int8_weight_bits,
+    )
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     return export_family(
@@ -76,6 +82,56 @@ def export_package(
         int8_activations=int8_activations, int8_fp32=int8_fp32, int8_target=int8_target, int8_calibration=int8_calibration, int8_sensitive=int8_sensitive,
         int8_weight_bits=int8_weight_bits,
     )
+
+
+def check_options(
+    *,
+    variant: str,
+    dtype: str,
+    opset: int,
+    shared_context: bool,
+    smoke: str,
+    lengths: tuple[int, ...] | None,
+    int8_activations: str,
+    int8_fp32: str,
+    int8_target: float,
+    int8_calibration: Path | None,
+    int8_sensitive: str,
+    int8_weight_bits: int,
+) -> None:
+    """The export's options on their own and together, checked before the package is read."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
+    if dtype not in SUPPORTED_DTYPES:
+        raise ArtifactError(f"--dtype {dtype} export is not supported (supported: {', '.join(SUPPORTED_DTYPES)})")
+    if variant == "portable" and dtype not in PORTABLE_DTYPES:
+        raise ArtifactError(f"--dtype {dtype} is for the contrib variant (the CUDA provider); the portable variant takes {', '.join(PORTABLE_DTYPES)}")
+    if shared_context and variant == "portable":
+        raise ArtifactError("--shared-context needs the contrib variant (the portable graphs have no past-state input)")
+    if int8_activations not in ACTIVATION_FORMS:
+        raise ValueError(f"int8 activations must be one of {', '.join(ACTIVATION_FORMS)}")
+    if int8_fp32 not in INT8_FP32_CHOICES:
+        raise ValueError(f"int8 FP32 choice must be one of {', '.join(INT8_FP32_CHOICES)}")
+    if int8_sensitive not in INT8_SENSITIVE_CHOICES:
+        raise ValueError(f"int8 sensitive choice must be one of {', '.join(INT8_SENSITIVE_CHOICES)}")
+    if int8_sensitive == "split" and int8_activations != "token":
+        raise ValueError(f"--int8-sensitive split reads activations per token (--int8-activations token), not per {int8_activations}")
+    if int8_weight_bits not in WEIGHT_BITS_CHOICES:
+        raise ValueError(f"--int8-weight-bits must be one of {', '.join(map(str, WEIGHT_BITS_CHOICES))}, not {int8_weight_bits}")
+    if int8_weight_bits != WEIGHT_BITS_CHOICES[0] and int8_activations == "block":
+        raise ValueError("--int8-weight-bits 7 is for the integer-product forms (per token, per tensor, split): the block form's kernel (MatMulNBits) does not saturate and keeps 8 bits")
+    if not int8_target > 0:
+        raise ValueError(f"--int8-target must be > 0, not {int8_target}")
+    if smoke not in SMOKE_MODES:
+        raise ValueError(f"smoke must be one of {', '.join(SMOKE_MODES)}")
+    if int8_calibration is not None and not (dtype == "int8" and int8_fp32 == "measured"):
+        raise ValueError("--int8-calibration is what --dtype int8 --int8-fp32 measured measures on: give both, or drop it")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ValueError(f"--opset must be in {MIN_OPSET}..{MAX_OPSET}, not {opset}")
+    if lengths and variant != "portable":
+        raise ValueError("--lengths are the portable variant's static-length graphs: the contrib variant's graph takes any length")
 
 
 def export_family(
@@ -117,28 +173,10 @@ def export_family(
         raise ArtifactError(f"--out {out} holds the package being exported ({package_root}): the artifact replaces its folder as a whole")
     check_replaceable(Path(out))
     towers = family.export_spec.quantized_towers
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
-    if dtype not in SUPPORTED_DTYPES:
-        raise ArtifactError(f"--dtype {dtype} export is not supported (supported: {', '.join(SUPPORTED_DTYPES)})")
-    if variant == "portable" and dtype not in PORTABLE_DTYPES:
-        raise ArtifactError(f"--dtype {dtype} is for the contrib variant (the CUDA provider); the portable variant takes {', '.join(PORTABLE_DTYPES)}")
-    if shared_context and variant == "portable":
-        raise ArtifactError("--shared-context needs the contrib variant (the portable graphs have no past-state input)")
-    if int8_activations not in ACTIVATION_FORMS:
-        raise ValueError(f"int8 activations must be one of {', '.join(ACTIVATION_FORMS)}")
-    if int8_fp32 not in INT8_FP32_CHOICES:
-        raise ValueError(f"int8 FP32 choice must be one of {', '.join(INT8_FP32_CHOICES)}")
-    if int8_sensitive not in INT8_SENSITIVE_CHOICES:
-        raise ValueError(f"int8 sensitive choice must be one of {', '.join(INT8_SENSITIVE_CHOICES)}")
-    if int8_sensitive == "split" and int8_activations != "token":
-        raise ValueError(f"--int8-sensitive split reads activations per token (--int8-activations token), not per {int8_activations}")
-    if int8_weight_bits not in WEIGHT_BITS_CHOICES:
-        raise ValueError(f"--int8-weight-bits must be one of {', '.join(map(str, WEIGHT_BITS_CHOICES))}, not {int8_weight_bits}")
-    if int8_weight_bits != WEIGHT_BITS_CHOICES[0] and int8_activations == "block":
-        raise ValueError("--int8-weight-bits 7 is for the integer-product forms (per token, per tensor, split): the block form's kernel (MatMulNBits) does not saturate and keeps 8 bits")
+    check_options(
+        variant=variant, dtype=dtype, opset=opset, shared_context=shared_context, smoke=smoke, lengths=lengths, int8_activations=int8_activations,
+        int8_fp32=int8_fp32, int8_target=int8_target, int8_calibration=int8_calibration, int8_sensitive=int8_sensitive, int8_weight_bits=int8_weight_bits,
+    )
     # the int8 graph's products come out wrong on this CPU: nothing is checked with them here
     saturates_here = dtype == "int8" and int8_weight_bits > widest_int8_weight_bits()
     if saturates_here and smoke != "off":
@@ -147,17 +185,11 @@ def export_family(
             f"which 8-bit weights overflow, so the artifact could neither be smoke-tested nor served here: export with "
             f"--int8-weight-bits {SAFE_WEIGHT_BITS} to serve it on this host, or with --smoke off for a host with VNNI (check it there with `parity`)"
         )
-    if not int8_target > 0:
-        raise ValueError(f"--int8-target must be > 0, not {int8_target}")
     calibrate = dtype == "int8" and int8_fp32 == "measured"
-    if int8_calibration is not None and not calibrate:
-        raise ValueError("--int8-calibration is what --dtype int8 --int8-fp32 measured measures on: give both, or drop it")
     calibration = None
     if calibrate:
         calibration = int8_sensitivity.calibration_requests(int8_calibration) if int8_calibration is not None else int8_sensitivity.builtin_calibration()
         int8_sensitivity.check_calibration(family, calibration)
-    if smoke not in SMOKE_MODES:
-        raise ValueError(f"smoke must be one of {', '.join(SMOKE_MODES)}")
     if variant == "portable" and family.reads_media:
         raise ArtifactError(
             "the portable variant has no media graphs yet (MIGraphX compiles static shapes; the vision tower's patch "

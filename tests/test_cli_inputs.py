@@ -24,6 +24,9 @@ REFUSED = [
     (["parity", "pkg", "--profile", "fast"], "--profile: invalid choice: 'fast'"),  # was: after the reference model loaded
     (["selftest", "--clients", "0"], "--clients: must be >= 1, not 0"),
     (["export", "pkg", "--out", "a", "--lengths", "128,x"], "--lengths: must be a whole number, not 'x'"),
+    # export --opset: below 18 was a KeyError from torch.onnx after the trace, 26 the ONNX checker's refusal
+    (["export", "pkg", "--out", "a", "--opset", "17"], "--opset: must be in 18..25, not 17"),
+    (["export", "pkg", "--out", "a", "--opset", "26"], "--opset: must be in 18..25, not 26"),
     # fixture: a readout scale of 0 answers every question uniformly, a negative one inverts every answer
     (["fixture", "--family", "decision3", "--readout-scale", "0", "--out", "x"], "--readout-scale: must be > 0, not 0.0"),
     (["fixture", "--family", "decision3", "--layers", "0", "--out", "x"], "--layers: must be >= 1, not 0"),
@@ -205,3 +208,21 @@ def test_what_serve_checks_first_lets_every_loadable_model_through(packages, tmp
     config = build_config(build_parser().parse_args(["serve", "--models", str(models), str(packages["d3"])]))
     assert [spec.model for spec in config.models] == [str(packages["d2_qwen3"]), "vllm-sr/d3-nano@6601b4d139", "someone/else", str(packages["d3"]), str(packages["d3"])]
     check_models(config)
+
+
+EXPORT_OPTIONS_REFUSED = [
+    (["--int8-activations", "tensor", "--int8-target", "0.1"], "--int8-activations, --int8-target: for --dtype int8 only (this export is fp32)"),
+    (["--dtype", "fp16", "--int8-weight-bits", "7"], "--int8-weight-bits: for --dtype int8 only (this export is fp16)"),
+    (["--lengths", "128"], "--lengths are the portable variant's static-length graphs"),
+]
+
+
+@pytest.mark.parametrize("argv, says", EXPORT_OPTIONS_REFUSED, ids=[" ".join(a) for a, _ in EXPORT_OPTIONS_REFUSED])
+def test_an_export_option_that_would_do_nothing_is_refused_before_the_package_is_read(argv, says, tmp_path, capsys):
+    """int8 options with another dtype, and --lengths with the contrib variant, were silently unused: the artifact was
+    not what the command line said. The package named here does not exist, so the refusal must come first."""
+    from vllm_sr_runtime.cli import main
+
+    assert main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "artifact"), *argv]) == 2
+    assert f"error: {says}" in capsys.readouterr().err
+    assert not (tmp_path / "artifact").exists()

@@ -100,32 +100,25 @@ def check_options(
     int8_weight_bits: int,
 ) -> None:
     """The export's options on their own and together, checked before the package is read."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
+    choices = {
+        "--variant": (variant, VARIANTS), "--dtype": (dtype, DTYPES), "--smoke": (smoke, SMOKE_MODES), "--int8-activations": (int8_activations, ACTIVATION_FORMS),
+        "--int8-fp32": (int8_fp32, INT8_FP32_CHOICES), "--int8-sensitive": (int8_sensitive, INT8_SENSITIVE_CHOICES), "--int8-weight-bits": (int8_weight_bits, WEIGHT_BITS_CHOICES),
+    }  # fmt: skip
+    for flag, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ValueError(f"{flag} must be one of {', '.join(map(str, allowed))}, not {value!r}")
     if dtype not in SUPPORTED_DTYPES:
         raise ArtifactError(f"--dtype {dtype} export is not supported (supported: {', '.join(SUPPORTED_DTYPES)})")
     if variant == "portable" and dtype not in PORTABLE_DTYPES:
         raise ArtifactError(f"--dtype {dtype} is for the contrib variant (the CUDA provider); the portable variant takes {', '.join(PORTABLE_DTYPES)}")
     if shared_context and variant == "portable":
         raise ArtifactError("--shared-context needs the contrib variant (the portable graphs have no past-state input)")
-    if int8_activations not in ACTIVATION_FORMS:
-        raise ValueError(f"int8 activations must be one of {', '.join(ACTIVATION_FORMS)}")
-    if int8_fp32 not in INT8_FP32_CHOICES:
-        raise ValueError(f"int8 FP32 choice must be one of {', '.join(INT8_FP32_CHOICES)}")
-    if int8_sensitive not in INT8_SENSITIVE_CHOICES:
-        raise ValueError(f"int8 sensitive choice must be one of {', '.join(INT8_SENSITIVE_CHOICES)}")
     if int8_sensitive == "split" and int8_activations != "token":
         raise ValueError(f"--int8-sensitive split reads activations per token (--int8-activations token), not per {int8_activations}")
-    if int8_weight_bits not in WEIGHT_BITS_CHOICES:
-        raise ValueError(f"--int8-weight-bits must be one of {', '.join(map(str, WEIGHT_BITS_CHOICES))}, not {int8_weight_bits}")
     if int8_weight_bits != WEIGHT_BITS_CHOICES[0] and int8_activations == "block":
         raise ValueError("--int8-weight-bits 7 is for the integer-product forms (per token, per tensor, split): the block form's kernel (MatMulNBits) does not saturate and keeps 8 bits")
     if not int8_target > 0:
         raise ValueError(f"--int8-target must be > 0, not {int8_target}")
-    if smoke not in SMOKE_MODES:
-        raise ValueError(f"smoke must be one of {', '.join(SMOKE_MODES)}")
     if int8_calibration is not None and not (dtype == "int8" and int8_fp32 == "measured"):
         raise ValueError("--int8-calibration is what --dtype int8 --int8-fp32 measured measures on: give both, or drop it")
     if not MIN_OPSET <= opset <= MAX_OPSET:

@@ -5,25 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_sr_runtime.cli_values import counts, positive_float, positive_int
-
-
-def _list(text: str) -> list[str]:
-    return [item for item in text.split(",") if item]
+from vllm_sr_runtime.cli_values import choice_list, counts, positive_float, positive_int
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_sr_runtime.parity.selftest import FIXTURES, SelftestOptions, print_report, run_selftest
+    from vllm_sr_runtime.parity.selftest import SelftestOptions, print_report, run_selftest
 
-    fixtures = _list(args.fixtures) if args.fixtures else list(FIXTURES)
-    unknown = sorted(set(fixtures) - set(FIXTURES))
-    if unknown:
-        raise ValueError(f"unknown fixture(s) {', '.join(unknown)}; choose from {', '.join(FIXTURES)}")
     options = SelftestOptions(
         device=args.device,
         out=Path(args.out),
-        fixtures=fixtures,
-        dtypes=_list(args.dtypes) if args.dtypes else None,
+        fixtures=args.fixtures,
+        dtypes=args.dtypes,
         real_dimension=args.real_dimension,
         lengths=args.lengths,
         clients=args.clients,
@@ -38,11 +30,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
+    from vllm_sr_runtime.export.exporter import DTYPES
+    from vllm_sr_runtime.parity.selftest import FIXTURES
+
     parser = sub.add_parser("selftest", help="validate this host: devices, parity per dtype, latency, serve throughput")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | rocm[:N]")
     parser.add_argument("--out", default="selftest", help="where fixtures, artifacts and selftest.json go")
-    parser.add_argument("--fixtures", help="tiny fixtures to check (default all: d2-qwen3,d2-qwen3_5,d2-lora,d3)")
-    parser.add_argument("--dtypes", help="artifact dtypes (default: every dtype the device's provider runs)")
+    parser.add_argument("--fixtures", type=choice_list(FIXTURES, "fixture"), default=",".join(FIXTURES), help=f"tiny fixtures to check (default all: {','.join(FIXTURES)})")
+    parser.add_argument("--dtypes", type=choice_list(DTYPES, "dtype"), help="artifact dtypes (default: every dtype the device's provider runs)")
     parser.add_argument(
         "--real-dimension", action=argparse.BooleanOptionalAction, default=None,
         help="also a real-dimension Decision 3.0 nano fixture, measured for latency and serving (default: on a GPU)",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable
+from typing import Callable, Iterable
 
 
 def ranged(kind: type, low: float, high: float = math.inf, *, above: bool = False) -> Callable[[str], int | float]:
@@ -38,3 +38,21 @@ def counts(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("needs at least one number (a comma list, e.g. 128,512)")
     return values
+
+
+def choice_list(allowed: Iterable[str], what: str) -> Callable[[str], list[str]]:
+    """A value type: a comma list of `allowed` names ("exact,max_speed"), at least one, each once."""
+    allowed = list(allowed)
+
+    def parse(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(f"needs at least one {what} (a comma list of {', '.join(allowed)})")
+        unknown = [name for name in names if name not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what}(s) {', '.join(unknown)} (one of {', '.join(allowed)})")
+        if len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(f"a {what} is named twice in {text!r}")
+        return names
+
+    return parse

@@ -16,13 +16,17 @@ REFUSED = [
     (["bench", "pkg", "--lengths", ","], "--lengths: needs at least one number"),
     (["bench", "--mode", "http", "--url", "u", "--duration", "0"], "--duration: must be > 0, not 0.0"),
     # bench --profiles: a misspelt one failed after the others had loaded, an empty list in a StopIteration
-    (["bench", "pkg", "--profiles", "exact,fast"], "--profiles: unknown profile(s) fast (installed: "),
+    (["bench", "pkg", "--profiles", "exact,fast"], "--profiles: unknown profile(s) fast (one of "),
     (["bench", "pkg", "--profiles", ","], "--profiles: needs at least one profile"),
     (["bench", "pkg", "--profiles", "exact,exact"], "--profiles: a profile is named twice"),
     (["parity", "pkg", "--max-changed-rate", "2"], "--max-changed-rate: must be in 0..1, not 2.0"),
     (["parity", "pkg", "--max-abs-diff", "-1"], "--max-abs-diff: must be in 0..1, not -1.0"),
     (["parity", "pkg", "--profile", "fast"], "--profile: invalid choice: 'fast'"),  # was: after the reference model loaded
     (["selftest", "--clients", "0"], "--clients: must be >= 1, not 0"),
+    # selftest: an empty list checked nothing and said passed; a misspelt dtype failed after the fixtures were written
+    (["selftest", "--fixtures", ","], "--fixtures: needs at least one fixture"),
+    (["selftest", "--fixtures", "d3,foo"], "--fixtures: unknown fixture(s) foo (one of d2-qwen3, "),
+    (["selftest", "--dtypes", "int4"], "--dtypes: unknown dtype(s) int4 (one of fp32, fp16, bf16, int8)"),
     (["export", "pkg", "--out", "a", "--lengths", "128,x"], "--lengths: must be a whole number, not 'x'"),
     # export --opset: below 18 was a KeyError from torch.onnx after the trace, 26 the ONNX checker's refusal
     (["export", "pkg", "--out", "a", "--opset", "17"], "--opset: must be in 18..25, not 17"),

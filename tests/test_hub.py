@@ -150,3 +150,22 @@ def test_verify_of_each_documented_revision_offline_names_the_missing_download(r
     assert result.returncode == 1
     assert "not a pinned release" not in result.stderr and "not the pinned" not in result.stderr
     assert f"{repo}@{revision}" in result.stderr and "cache" in result.stderr, result.stderr
+
+
+def test_serve_offline_checks_the_cache_before_any_worker_starts(hub, tmp_path):
+    """serve --offline with a Hub package that is not in the cache started a server whose model never got ready;
+    now the master refuses it, reaching no network, and lets the same package through once it is cached."""
+    from vllm_sr_runtime.cli import build_parser
+    from vllm_sr_runtime.commands.serve_cmd import build_config
+    from vllm_sr_runtime.errors import InvalidRequest
+    from vllm_sr_runtime.server.preflight import check_models
+
+    argv = ["serve", f"synthetic/d3-tiny@{REVISION}", "--offline", "--cache-dir", str(tmp_path)]
+    config = build_config(build_parser().parse_args(argv))
+    with pytest.raises(InvalidRequest, match=f"model synthetic/d3-tiny@{REVISION}: .*is not in the cache .* and --offline is set"):
+        check_models(config)
+    assert hub.requests == []
+    resolve_package(f"synthetic/d3-tiny@{REVISION}", cache_dir=tmp_path, endpoint=hub.endpoint)
+    seen = len(hub.requests)
+    check_models(config)
+    assert len(hub.requests) == seen

@@ -8,25 +8,11 @@ import json
 import platform
 from pathlib import Path
 
-from vllm_sr_runtime.cli_values import counts, positive_float, positive_int
+from vllm_sr_runtime.cli_values import choice_list, counts, positive_float, positive_int
 from vllm_sr_runtime.profiles import installed_profiles
 from vllm_sr_runtime.report_folders import figure_png, prepare_report_folder, write_report_file
 
 NOISY_HOST_SPREAD = 1.25  # fastest ceiling sample over slowest beyond which the run warns that the host was not quiet
-
-
-def profile_list(text: str) -> list[str]:
-    """A comma list of installed profiles, each once ("exact,max_speed")."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    known = installed_profiles()
-    if not names:
-        raise argparse.ArgumentTypeError("needs at least one profile (a comma list, e.g. exact,max_speed)")
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown profile(s) {', '.join(unknown)} (installed: {', '.join(known)})")
-    if len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"a profile is named twice in {text!r}")
-    return names
 
 
 def machine() -> dict:
@@ -263,7 +249,7 @@ def register(sub) -> None:
     parser = sub.add_parser("bench", help="measure latency/throughput per profile (forward) or against a server (http)")
     parser.add_argument("model", nargs="?", help="package (forward mode)")
     parser.add_argument("--mode", default="forward", choices=["forward", "http", "export"], help="export: wall time and peak RSS of each export phase, each dtype in a child process")
-    parser.add_argument("--profiles", type=profile_list, default="exact,max_speed", help="forward: a comma list of profiles")
+    parser.add_argument("--profiles", type=choice_list(installed_profiles(), "profile"), default="exact,max_speed", help="forward: a comma list of profiles")
     parser.add_argument("--lengths", type=counts, default="64,128,512,2048", help="prompt lengths in tokens (a length below the prompt template's own runs at the template's)")
     parser.add_argument("--questions", type=counts, default="1,8")
     parser.add_argument("--concurrency", type=counts, default="1,8,64")

@@ -17,6 +17,7 @@ from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.base import Family, Plan
+from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.profiles import build_engine, profile_named
 from vllm_sr_runtime.packages.resolve import resolve_package
 
@@ -84,6 +85,7 @@ class DecisionModel:
                 f"profile {self.profile} of model {self.name} runs on an {self.engine.name} artifact without a vision graph, so it "
                 "cannot read images or videos; re-export the artifact with this version (it adds vision.onnx), or send media to profile exact"
             )
+        check_state(state)
         plan = self.family.plan(state, questions, images=images, videos=videos)
         plan.profile = profile or self.profile
         if profile_named(plan.profile).shares_prefix:

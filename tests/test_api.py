@@ -85,6 +85,13 @@ def test_request_limits(models, questions, message):
         models("d3").ask(STATE, questions)
 
 
+@pytest.mark.parametrize("state", [5, 2.5, True, ("a", "b")])
+def test_a_state_the_server_refuses_is_refused_by_the_python_api_too(models, state):
+    """ask(5, ...) answered with a prompt that held "5", where the server answers 400 for the same body."""
+    with pytest.raises(InvalidRequest, match="'state' must be a string, object or array"):
+        models("d3").ask(state, {"q": {"type": "noul"}})
+
+
 def test_limits_at_the_edges_are_answered(models):
     model = models("d3")
     answers = model.ask(

@@ -20,6 +20,12 @@ QUESTION_FIELDS = {"type", "instructions", "criteria", "choices", "levels"}
 NOUL_KEYS = ("false", "true")
 
 
+def check_state(state: Any) -> None:
+    """A request's state: a string, an object, an array, or null (no state)."""
+    if not (state is None or isinstance(state, (str, dict, list))):
+        raise InvalidRequest("'state' must be a string, object or array")
+
+
 @dataclass
 class Option:
     key: str

@@ -19,6 +19,7 @@ import yaml
 
 from vllm_sr_runtime.errors import InvalidRequest, ModelNotFound, NotReady, RequestTooLarge, RuntimeServiceError
 from vllm_sr_runtime.families.answers import error_answer
+from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
@@ -93,8 +94,7 @@ class Server:
             raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}")
         if "state" not in body:
             raise InvalidRequest("'state' is required (a string, object or array)")
-        if not (body["state"] is None or isinstance(body["state"], (str, dict, list))):
-            raise InvalidRequest("'state' must be a string, object or array")
+        check_state(body["state"])
         options = body.get("options") or {}
         if not isinstance(options, dict):
             raise InvalidRequest("'options' must be an object")

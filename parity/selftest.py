@@ -147,6 +147,20 @@ def provider_missing(device_kind: str) -> str | None:
     return None
 
 
+def stop_server(process: subprocess.Popen, grace_s: float = 90.0) -> None:
+    """SIGTERM to gunicorn's master alone, which stops its workers and then removes its metrics folder; the whole
+    group is killed only if it has not exited after `grace_s` (longer than serve's 60 s graceful timeout). A TERM to
+    the group reached the workers too, and a master that saw a worker exit before its own TERM could start a new one."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait()
+
+
 def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, clients: list[int], seconds: float, base_path: Path | None, log_path: Path) -> list[dict]:
     """Requests/s of a real `serve` (gunicorn, Unix socket) of the package under a profile; its log goes to log_path.
 
@@ -178,9 +192,7 @@ def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, 
             time.sleep(0.3)
         return run_http(None, uds, clients, seconds, lambda: None)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 15)
-            process.wait(timeout=60)
+        stop_server(process)
         log.close()
         shutil.rmtree(folder, ignore_errors=True)
 

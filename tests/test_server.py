@@ -144,6 +144,33 @@ def test_other_error_codes(servers):
     assert server.request("GET", "/v1/nothing").status == 404
 
 
+def test_a_compressed_body_is_answered_as_the_plain_one(servers):
+    """Content-Encoding gzip/deflate bodies were read as JSON bytes ("not valid UTF-8"). Now they are decompressed,
+    no further than --max-request-bytes (65,536 here): a 70 kB state in a 200-byte gzip body is still a 413."""
+    import gzip
+    import zlib
+
+    server = servers[("d3", "exact")]
+    body = {"state": STATE, "questions": QUESTIONS}
+    plain = checked(server, "POST", "/v1/systemone", body).json()
+    data = json.dumps(body).encode()
+    for encoding, packed in (("gzip", gzip.compress(data)), ("deflate", zlib.compress(data)), ("identity", data)):
+        reply = server.request("POST", "/v1/systemone", raw=packed, headers={"Content-Encoding": encoding})
+        CONTRACT.check("/v1/systemone", "POST", reply)
+        assert reply.status == 200 and reply.json()["answers"] == plain["answers"], (encoding, reply.body[:300])
+    bomb = gzip.compress(json.dumps({"state": "x" * 70000, "questions": QUESTIONS}).encode())
+    assert len(bomb) < 1000
+    for raw, encoding, status, says in (
+        (bomb, "gzip", 413, "over the limit of 65536 bytes once decompressed"),
+        (gzip.compress(data)[:-20], "gzip", 400, "truncated gzip stream"),
+        (data, "gzip", 400, "not valid gzip"),
+        (data, "br", 400, "Content-Encoding br is not supported"),
+    ):
+        reply = server.request("POST", "/v1/systemone", raw=raw, headers={"Content-Encoding": encoding})
+        CONTRACT.check("/v1/systemone", "POST", reply)
+        assert reply.status == status and says in reply.json()["error"]["message"], (encoding, reply.body[:300])
+
+
 def test_per_question_errors_keep_siblings(servers):
     server = servers[("d2_qwen3_5", "exact")]
     alone = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": {"r": QUESTIONS["reasoning"]}}).json()["answers"]["r"]

@@ -22,6 +22,7 @@ from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
+from vllm_sr_runtime.server.body_encoding import decoded_body
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
 from vllm_sr_runtime.server.slots import ModelSlot
 
@@ -67,6 +68,7 @@ class Server:
         if len(raw) > limit:
             self.discard_body(req, always_close=True)  # no length given: whatever follows is unknown
             raise RequestTooLarge(f"request body is over the limit of {limit} bytes")
+        raw = decoded_body(raw, req.get_header("Content-Encoding"), limit)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -236,16 +237,20 @@ def test_several_models_by_name(packages, tmp_path):
     models_file.write_text(
         f"- model: {packages['d3']}\n  name: d3\n- model: {packages['d2_lora']}\n  name: vega\n  base_path: {load_kwargs('d2_lora', packages['d2_lora'])['base_path']}\n"
     )
-    server = Server(["--models", str(models_file), "--device", "cpu"], log=tmp_path / "log")
+    server = Server(["--models", str(models_file), "--device", "cpu", "--access-log"], log=tmp_path / "log")
     try:
         server.wait()
         assert [c["id"] for c in checked(server, "GET", "/v1/models").json()["data"]] == ["d3", "vega"]
-        reply = checked(server, "POST", "/v1/systemone", {"model": "vega", "state": STATE, "questions": QUESTIONS})
+        reply = checked(server, "POST", "/v1/systemone", {"model": "vega", "state": STATE, "questions": QUESTIONS}, headers={"X-Request-Id": "trace-42"})
         assert reply.status == 200 and reply.json()["model"] == "vega"
         reply = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": QUESTIONS})
         assert reply.status == 400 and "required" in reply.json()["error"]["message"]
     finally:
         server.stop()
+    # --access-log: one line per request, with its status and the request id the response carried
+    lines = (tmp_path / "log").read_text().splitlines()
+    assert any('"POST /v1/systemone HTTP/1.1" 200 ' in line and line.endswith("request_id=trace-42") for line in lines), lines[-5:]
+    assert any('"POST /v1/systemone HTTP/1.1" 400 ' in line and re.search(r"request_id=[0-9a-f]{32}$", line) for line in lines), lines[-5:]
 
 
 def test_system_one_alias_and_repeated_served_model_names(packages, tmp_path):

@@ -96,6 +96,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         load_attempts=args.load_attempts,
         load_retry_seconds=args.load_retry_seconds,
         log_level=args.log_level,
+        access_log=args.access_log,
     )
 
 
@@ -175,4 +176,5 @@ def register(sub) -> None:
     parser.add_argument("--offline", action="store_true")
     parser.add_argument("--base-path", help="local copy of an adapter package's base checkpoint")
     parser.add_argument("--log-level", default=ServeConfig.log_level, choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--access-log", action="store_true", help="log one line per request to stderr: client, request line, status, bytes, ms, request id")
     parser.set_defaults(func=run)

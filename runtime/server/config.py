@@ -74,6 +74,7 @@ class ServeConfig:
     load_attempts: int = 5  # tries per model when a load fails for a transient reason (never for verification)
     load_retry_seconds: float = 5.0  # the first wait between tries; doubling up to MAX_LOAD_RETRY_SECONDS
     log_level: str = "info"
+    access_log: bool = False  # one line per request on stderr: client, request line, status, bytes, ms, request id
     timeout: int = 120
     graceful_timeout: int = 60
     extra: dict = field(default_factory=dict)

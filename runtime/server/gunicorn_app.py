@@ -35,6 +35,10 @@ def prepare_uds(path: str) -> str:
     return str(socket_path)
 
 
+# gunicorn's atoms: client, request line, status, response bytes, milliseconds, and the X-Request-Id the response carries
+ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms request_id=%({x-request-id}o)s'
+
+
 class ServeApplication(BaseApplication):
     def __init__(self, config: ServeConfig):
         self.config = config
@@ -68,7 +72,8 @@ class ServeApplication(BaseApplication):
             "keepalive": 5,
             "preload_app": False,
             "control_socket_disable": True,
-            "accesslog": None,
+            "accesslog": "-" if config.access_log else None,
+            "access_log_format": ACCESS_LOG_FORMAT,
             "errorlog": "-",
             "loglevel": config.log_level,
             "proc_name": "vllm-sr-runtime",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -46,6 +47,22 @@ def keep_gated_delta_rule_fp32() -> None:
             setattr(modeling_qwen3_5, name, _outside_autocast(rule))
 
 
+class _ReferenceRuleNotice(logging.Filter):
+    """Drops transformers' notice that the Gated DeltaNet kernels fall back to their PyTorch reference: that reference
+    is what this runtime runs on purpose (`exact`'s numerics, and the rule kept FP32 above), so the notice, printed on
+    the first eager forward of every Python API user, says nothing they can act on. Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is falling back to its reference PyTorch implementation" not in record.getMessage()
+
+
+def silence_reference_rule_notice() -> None:
+    """Idempotent; touches only the logger of transformers' kernel integration."""
+    logger = logging.getLogger("transformers.integrations.hub_kernels")
+    if not any(isinstance(existing, _ReferenceRuleNotice) for existing in logger.filters):
+        logger.addFilter(_ReferenceRuleNotice())
+
+
 def text_config_from_dict(model_type: str, data: dict):
     config_cls, _ = BACKBONES[model_type]
     fields = {k: v for k, v in data.items() if k not in ("model_type", "transformers_version", "architectures")}
@@ -72,6 +89,7 @@ def build_text_model(model_type: str, config, state_dict: dict[str, torch.Tensor
     _, model_cls = BACKBONES[model_type]
     if model_cls is Qwen3_5TextModel:
         keep_gated_delta_rule_fp32()
+        silence_reference_rule_notice()
     with torch.device("meta"):
         model = model_cls(config)
     expected = set(model.state_dict())

@@ -5,6 +5,8 @@ after loading, 0 questions in a KeyError, a parity gate outside 0..1 could never
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from vllm_sr_runtime.cli import build_parser
@@ -230,3 +232,22 @@ def test_an_export_option_that_would_do_nothing_is_refused_before_the_package_is
     assert main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "artifact"), *argv]) == 2
     assert f"error: {says}" in capsys.readouterr().err
     assert not (tmp_path / "artifact").exists()
+
+
+def test_a_models_file_value_that_yaml_does_not_read_as_text_is_refused(tmp_path):
+    """`revision: 01234567` is the octal number 342391 to YAML, and `name: yes` is true: they became the revision
+    '342391' (refused as unpinned, naming a revision nobody wrote) and the model name 'True'."""
+    from vllm_sr_runtime.errors import InvalidRequest
+    from vllm_sr_runtime.server.config import load_models_file
+
+    models = tmp_path / "models.yaml"
+    for entry, says in (
+        ("revision: 01234567", "entry 0 revision is not text (YAML read it as int 342391): quote it"),
+        ("name: yes", "entry 0 name is not text (YAML read it as bool True): quote it"),
+    ):
+        models.write_text(f"models:\n  - model: vllm-sr/d3-nano\n    {entry}\n")
+        with pytest.raises(InvalidRequest, match=re.escape(says)):
+            load_models_file(str(models))
+    models.write_text('models:\n  - model: vllm-sr/d3-nano\n    revision: "01234567"\n    name: "yes"\n')
+    [spec] = load_models_file(str(models))
+    assert (spec.revision, spec.name) == ("01234567", "yes")

@@ -103,7 +103,13 @@ def load_models_file(path: str) -> list[ModelSpec]:
         aliases = entry.pop("aliases", None) or []
         if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
             raise InvalidRequest(f"--models {path}: entry {index} 'aliases' must be a list of names")
-        specs.append(ModelSpec(**{k: (str(v) if v is not None else None) for k, v in entry.items()}, aliases=tuple(aliases)))
+        for key, value in entry.items():
+            if value is not None and not isinstance(value, str):
+                # YAML reads 01234567 as the octal number 342391 and yes as true: only quoted text stays as written
+                raise InvalidRequest(
+                    f"--models {path}: entry {index} {key} is not text (YAML read it as {type(value).__name__} {value!r}): quote it, e.g. {key}: \"...\""
+                )
+        specs.append(ModelSpec(**entry, aliases=tuple(aliases)))
     return specs
 
 

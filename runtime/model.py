@@ -236,16 +236,26 @@ def load(
     base_path: str | os.PathLike | None = None,
     shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS,
     close_call_margin: float | None = None,
+    allow_approximate_shared_context: bool = False,
 ) -> DecisionModel:
     """Resolve and verify a package, build the profile's engine, return a model with `ask(state, questions)`.
 
     `close_call_margin` (profiles other than exact): every answer whose top-two probability margin is below it is
-    answered again by the `exact` profile's engine, loaded beside the profile's (its memory too)."""
+    answered again by the `exact` profile's engine, loaded beside the profile's (its memory too).
+    `allow_approximate_shared_context`: load profile shared_context for a family whose attention reads the prompt
+    both ways (Decision 3.0's non-causal packages), whose answers then differ from exact by design; refused otherwise."""
     if close_call_margin is not None:
         check_margin(close_call_margin, profile)  # before anything loads
     target = parse_device(device)
     ref = resolve_package(package, revision, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
+    if profile_named(profile).shares_prefix and not family.shared_context_exact and not allow_approximate_shared_context:
+        raise InvalidRequest(
+            f"profile {profile} is approximate for {family.model_name}: its full-attention layers read the prompt both ways, "
+            "and running the prefix once drops the prefix-to-question direction (answers differ from exact; see "
+            "`vllm-sr-runtime parity --profile shared_context`); allow it (serve --allow-approximate-shared-context, "
+            "load(..., allow_approximate_shared_context=True)), or use exact, batching or max_speed"
+        )
     engine, dtype, engine_plugin = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
     model = DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens, engine_plugin=engine_plugin)
     if close_call_margin is not None:

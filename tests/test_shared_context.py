@@ -32,7 +32,7 @@ def questions(count: int = 6) -> dict:
 @pytest.mark.parametrize("name", ["d2_qwen3", "d2_qwen3_5", "d2_lora", "d3_causal"])
 def test_shared_prefix_answers_like_exact(models, packages, name):
     exact = models(name)
-    shared = vllm_sr_runtime.load(packages[name], profile="shared_context", shared_min_tokens=1, **load_kwargs(name, packages[name]))
+    shared = vllm_sr_runtime.load(packages[name], profile="shared_context", shared_min_tokens=1, **load_kwargs(name, packages[name]), allow_approximate_shared_context=True)
     qs = questions()
     plan = shared.plan(STATE, qs)
     assert len(plan.batches) == 1 and plan.batches[0].shared
@@ -61,7 +61,7 @@ def test_break_even_keeps_plain_rows(packages, models):
 
 
 def test_invalid_questions_stay_in_place(packages):
-    shared = vllm_sr_runtime.load(packages["d3"], profile="shared_context", shared_min_tokens=1)
+    shared = vllm_sr_runtime.load(packages["d3"], profile="shared_context", shared_min_tokens=1, allow_approximate_shared_context=True)
     qs = questions()
     qs["broken"] = {"type": "score", "criteria": ["same", "same"]}
     answers = shared.ask(STATE, qs)
@@ -107,6 +107,16 @@ def test_server_serves_shared_context_and_exact(packages, tmp_path):
         assert passes and float(passes[0].rsplit(" ", 1)[1]) == 1.0  # the exact request did not share
     finally:
         server.stop()
+
+
+def test_load_refuses_approximate_shared_context_unless_asked(packages):
+    """serve refused it, but load(d3, profile="shared_context") answered, approximately, without a word."""
+    from vllm_sr_runtime.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="allow_approximate_shared_context=True"):
+        vllm_sr_runtime.load(packages["d3"], profile="shared_context")
+    causal = vllm_sr_runtime.load(packages["d3_causal"], profile="shared_context")  # exact by design: nothing to allow
+    assert not causal.approximate_by_design
 
 
 def test_serve_refuses_approximate_shared_context_unless_asked(packages, tmp_path):

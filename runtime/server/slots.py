@@ -72,14 +72,8 @@ class ModelSlot:
             base_path=self.spec.base_path,
             shared_min_tokens=self.config.shared_min_tokens,
             close_call_margin=self.config.close_call_margin if self.profile != "exact" else None,
+            allow_approximate_shared_context=self.config.allow_approximate_shared_context,
         )
-        if model.approximate_by_design and not self.config.allow_approximate_shared_context:
-            raise ValueError(
-                f"profile shared_context is approximate for {self.name}: its full-attention layers read the prompt both ways, "
-                "and running the prefix once drops the prefix-to-question direction (answers differ from exact; see "
-                "`vllm-sr-runtime parity --profile shared_context`); serve it with --allow-approximate-shared-context, "
-                "or use exact, batching or max_speed"
-            )
         model.family.allow_media_urls(tuple(self.config.media_url_allow), self.config.media_url_allow_private, self.config.media_url_timeout_s)
         self.state = "warming"
         first, second = model.ask("warm-up", WARMUP_QUESTIONS), model.ask("warm-up", WARMUP_QUESTIONS)

@@ -15,7 +15,7 @@ def split_device_name(text: str, kinds: Iterable[str], shown: str | None = None)
     """(kind, index or None) of `text`, whose kind must be `auto` or one of `kinds` (accelerator plugin names).
     `shown` is how the error lists them (default: the names)."""
     kinds = list(kinds)
-    match = DEVICE_PATTERN.match(text.strip().lower())
+    match = DEVICE_PATTERN.match(text.strip().lower()) if isinstance(text, str) else None
     if not match or (match.group(1) != "auto" and match.group(1) not in kinds):
         raise UnsupportedDeviceError(f"device {text!r} is not one of auto, {shown or ', '.join(kinds)}")
     kind, index = match.group(1), match.group(2)

@@ -41,6 +41,9 @@ def test_devices_parse_over_the_accelerators_and_say_why_a_device_is_absent():
         parse_device("tpu", fleet())
     with pytest.raises(UnsupportedDeviceError, match="cpu takes no device index"):
         parse_device("cpu:1", fleet())
+    for not_text in (None, 0):  # load(device=None) was an AttributeError
+        with pytest.raises(UnsupportedDeviceError, match=rf"device {not_text!r} is not one of auto"):
+            parse_device(not_text, fleet())
 
 
 def test_auto_takes_the_visible_kind_of_highest_rank_and_says_why():

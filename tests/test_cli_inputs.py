@@ -251,3 +251,17 @@ def test_a_models_file_value_that_yaml_does_not_read_as_text_is_refused(tmp_path
     models.write_text('models:\n  - model: vllm-sr/d3-nano\n    revision: "01234567"\n    name: "yes"\n')
     [spec] = load_models_file(str(models))
     assert (spec.revision, spec.name) == ("01234567", "yes")
+
+
+def test_bench_media_on_a_model_without_a_vision_tower_stops_after_the_first_load(packages, tmp_path, monkeypatch, capsys):
+    """It loaded every profile, then failed on the first timed request."""
+    import vllm_sr_runtime
+    from vllm_sr_runtime.cli import main
+
+    loads = []
+    real_load = vllm_sr_runtime.load
+    monkeypatch.setattr(vllm_sr_runtime, "load", lambda *args, **kwargs: loads.append(kwargs["profile"]) or real_load(*args, **kwargs))
+    argv = ["bench", str(packages["d3"]), "--profiles", "exact,batching", "--media", "image", "--out", str(tmp_path / "bench"), "--quiet"]
+    assert main(argv) == 2
+    assert "error: --media image: synthetic-d3-tiny-s0 has no vision tower" in capsys.readouterr().err
+    assert loads == ["exact"]

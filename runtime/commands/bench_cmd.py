@@ -158,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
                     args.model, device=args.device, profile=profile, artifact=artifact, cache_dir=args.cache_dir, base_path=args.base_path,
                     allow_approximate_shared_context=True,  # timed, not served
                 )
+                if args.media != "none" and not model.family.reads_media:  # before the other profiles load, not after
+                    raise ValueError(f"--media {args.media}: {model.name} has no vision tower (Decision 3.0 packages with one read images and videos)")
                 loaded.append((profile, model.dtype, artifact, model))
         labels = row_labels([entry[:3] for entry in loaded], len(artifacts))
         models = {label: entry[3] for label, entry in zip(labels, loaded)}

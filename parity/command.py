@@ -29,13 +29,15 @@ def run(args: argparse.Namespace) -> int:
     # A request file is read (and every line checked) before any model is loaded: that can take minutes.
     requests = load_jsonl(Path(args.suite)) if args.suite not in ("builtin", "short") else None
     common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
+    if args.close_call_margin is not None and args.against != "exact":
+        raise ValueError("--close-call-margin answers close calls again with exact: compare --against exact")
     reference = vllm_sr_runtime.load(args.model, profile=args.against, **common)
+    if requests and not reference.family.reads_media and any(request.images or request.videos for request in requests):
+        raise ValueError(f"--suite {args.suite} has images or videos and {reference.name} has no vision tower")  # before the second load
     candidate = vllm_sr_runtime.load(
         args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, allow_approximate_shared_context=True, **common
     )  # measuring how far an approximate profile answers is what parity is for
     if args.close_call_margin is not None:
-        if args.against != "exact":
-            raise ValueError("--close-call-margin answers close calls again with exact: compare --against exact")
         candidate.confirm_close_calls(args.close_call_margin, reference.engine, reference.dtype)  # one eager model serves both
     noise = None
     if args.weight_noise:

@@ -253,15 +253,38 @@ def test_a_models_file_value_that_yaml_does_not_read_as_text_is_refused(tmp_path
     assert (spec.revision, spec.name) == ("01234567", "yes")
 
 
-def test_bench_media_on_a_model_without_a_vision_tower_stops_after_the_first_load(packages, tmp_path, monkeypatch, capsys):
-    """It loaded every profile, then failed on the first timed request."""
+@pytest.fixture()
+def loads(monkeypatch) -> list[str]:
+    """The profile of every vllm_sr_runtime.load call, in order (each still loads)."""
     import vllm_sr_runtime
+
+    profiles: list[str] = []
+    real_load = vllm_sr_runtime.load
+    monkeypatch.setattr(vllm_sr_runtime, "load", lambda *args, **kwargs: profiles.append(kwargs["profile"]) or real_load(*args, **kwargs))
+    return profiles
+
+
+def test_bench_media_on_a_model_without_a_vision_tower_stops_after_the_first_load(packages, tmp_path, loads, capsys):
+    """It loaded every profile, then failed on the first timed request."""
     from vllm_sr_runtime.cli import main
 
-    loads = []
-    real_load = vllm_sr_runtime.load
-    monkeypatch.setattr(vllm_sr_runtime, "load", lambda *args, **kwargs: loads.append(kwargs["profile"]) or real_load(*args, **kwargs))
     argv = ["bench", str(packages["d3"]), "--profiles", "exact,batching", "--media", "image", "--out", str(tmp_path / "bench"), "--quiet"]
     assert main(argv) == 2
     assert "error: --media image: synthetic-d3-tiny-s0 has no vision tower" in capsys.readouterr().err
+    assert loads == ["exact"]
+
+
+def test_parity_refuses_what_it_cannot_compare_before_the_candidate_loads(packages, tmp_path, loads, capsys):
+    """A media suite for a model without a vision tower failed on its first request after both models loaded;
+    --close-call-margin against another reference than exact failed after both loaded too."""
+    from vllm_sr_runtime.cli import main
+
+    suite = tmp_path / "media.jsonl"
+    suite.write_text('{"state": "x", "questions": {"q": {"type": "noul"}}, "images": ["data:image/png;base64,iVBORw0KGgo="]}\n')
+    out = ["--out", str(tmp_path / "parity"), "--quiet"]
+    assert main(["parity", str(packages["d3"]), "--profile", "batching", "--suite", str(suite), *out]) == 2
+    assert "has images or videos and synthetic-d3-tiny-s0 has no vision tower" in capsys.readouterr().err
+    assert loads == ["exact"]
+    assert main(["parity", str(packages["d3"]), "--against", "batching", "--close-call-margin", "0.1", *out]) == 2
+    assert "compare --against exact" in capsys.readouterr().err
     assert loads == ["exact"]

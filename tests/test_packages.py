@@ -88,6 +88,17 @@ def test_adapter_without_base_asks_for_it(packages):
         detect_family(ref.path).open(ref, cache_dir=None, offline=True)
 
 
+@pytest.mark.parametrize("name", ["d3", "d2_qwen3"])
+def test_a_base_checkpoint_given_to_a_package_without_an_adapter_is_refused(packages, name):
+    """It was silently unused: a user who meant another package, or an adapter, got this one without a word."""
+    from vllm_sr_runtime.families import open_family
+
+    base = load_kwargs("d2_lora", packages["d2_lora"])["base_path"]
+    with pytest.raises(PackageError, match="is not an adapter package: drop base_path"):
+        open_family(resolve_package(packages[name]), base_path=base)
+    assert open_family(resolve_package(packages["d2_lora"]), base_path=base).reads_base_checkpoint
+
+
 @pytest.mark.parametrize("name,rel", [("d3", "tokenizer.json"), ("d2_qwen3", "decision_head.safetensors"), ("d3", "modeling_d3.py")])
 def test_missing_file_is_refused(packages, tmp_path, name, rel):
     pkg = copy_package(packages[name], tmp_path / name)

@@ -28,6 +28,8 @@ def detect_family(root: Path) -> type[Family]:
 def open_family(ref: PackageRef, **options) -> Family:
     """Detect the package's family, verify and open it; a pinned release must also have its known identity."""
     family = detect_family(ref.path).open(ref, **options)
+    if options.get("base_path") is not None and not family.reads_base_checkpoint:
+        raise PackageError(f"a base checkpoint ({options['base_path']}) was given, but {family.model_name} is not an adapter package: drop base_path (--base-path)", str(ref.path))
     expected = ref.pinned.model_sha256 if ref.pinned else None
     if expected and not family.package.model_sha256.startswith(expected):
         raise PackageError(

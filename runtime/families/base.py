@@ -82,6 +82,11 @@ class Family(ABC):
         """Whether this package reads images and videos (a vision tower)."""
         return False
 
+    @property
+    def reads_base_checkpoint(self) -> bool:
+        """Whether this package is an adapter over a base checkpoint (what `base_path` points at)."""
+        return False
+
     def numerics(self, device_class: str) -> Numerics:
         return self.numerics_policy[device_class]
 

@@ -146,6 +146,10 @@ class Decision2Family(Family):
     def max_input_tokens(self) -> int:
         return self.package.max_input_tokens
 
+    @property
+    def reads_base_checkpoint(self) -> bool:
+        return self.package.base is not None
+
     def readout_row_count(self, inputs: dict[str, np.ndarray]) -> int:
         return HeadRows.count(int(inputs["option_index"].shape[1]))
 

@@ -303,3 +303,37 @@ def test_over_limit_body_gets_413_on_tcp_and_unix_socket(packages, tmp_path):
             assert server.post({"state": STATE, "questions": QUESTIONS}).status == 200
         finally:
             server.stop()
+
+
+def test_a_unix_socket_and_tcp_together(packages, tmp_path):
+    """--uds with --port (or --host) listens on both: a router on the socket, Prometheus on TCP. Before, --uds
+    dropped TCP without a word, whatever --port said. --uds alone still listens on the socket only."""
+    import http.client
+
+    from server_harness import free_port
+    from vllm_sr_runtime.cli import build_parser
+    from vllm_sr_runtime.commands.serve_cmd import build_config
+
+    def listeners(*argv):
+        config = build_config(build_parser().parse_args(["serve", str(packages["d3"]), *argv]))
+        return config.uds, config.host, config.port
+
+    assert listeners("--uds", "s.sock") == ("s.sock", "127.0.0.1", None)
+    assert listeners("--uds", "s.sock", "--host", "0.0.0.0") == ("s.sock", "0.0.0.0", 8100)
+    assert listeners() == (None, "127.0.0.1", 8100)
+
+    root = tmp_path / "sockets"
+    port = free_port()
+    server = Server([str(packages["d3"]), "--device", "cpu", "--port", str(port)], uds=str(root / "s.sock"), log=tmp_path / "log")
+    try:
+        server.wait()
+        assert checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": QUESTIONS}).status == 200
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            assert response.status == 200 and b'endpoint="/v1/systemone"' in response.read()  # the socket's request, seen over TCP
+        finally:
+            conn.close()
+    finally:
+        server.stop()

@@ -73,8 +73,9 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         models=specs,
         device=args.device,
         profile=args.profile,
-        host=args.host,
-        port=args.port,
+        host=args.host or ServeConfig.host,
+        # --uds alone listens on the socket only; with --host or --port given too, on TCP as well
+        port=args.port if args.port is not None else (None if args.uds and args.host is None else ServeConfig.port),
         uds=args.uds,
         workers=args.workers,
         threads=args.threads,
@@ -124,9 +125,12 @@ def register(sub) -> None:
         "merged; max_speed: ONNX Runtime artifact; others: installed profile plugins (vllm-sr-runtime plugins)",
     )  # fmt: skip
     parser.add_argument("--artifact", help="exported artifact for max_speed (default: exported into the cache on first use)")
-    parser.add_argument("--host", default=ServeConfig.host)
-    parser.add_argument("--port", type=port, default=ServeConfig.port)
-    parser.add_argument("--uds", help="listen on this Unix socket (its directory must be 0700) instead of TCP")
+    parser.add_argument("--host", help=f"TCP address (default {ServeConfig.host})")
+    parser.add_argument("--port", type=port, help=f"TCP port (default {ServeConfig.port})")
+    parser.add_argument(
+        "--uds", help="listen on this Unix socket (its directory must be 0700) instead of TCP; with --host or --port too, on both "
+        "(a router on the socket, Prometheus on TCP)",
+    )  # fmt: skip
     parser.add_argument("--workers", type=positive_int, default=ServeConfig.workers, help="gunicorn worker processes (each loads every model)")
     parser.add_argument("--threads", type=positive_int, default=ServeConfig.threads, help="request threads per worker")
     parser.add_argument("--max-queue", type=positive_int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")

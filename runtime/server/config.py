@@ -52,7 +52,7 @@ class ServeConfig:
     device: str = "auto"
     profile: str = "exact"
     host: str = "127.0.0.1"
-    port: int = 8100
+    port: int | None = 8100  # None: no TCP listener (--uds alone)
     uds: str | None = None
     workers: int = 1
     threads: int = 8

@@ -48,7 +48,7 @@ class ServeApplication(BaseApplication):
 
     def load_config(self) -> None:
         config = self.config
-        bind = f"unix:{prepare_uds(config.uds)}" if config.uds else f"{config.host}:{config.port}"
+        bind = ([f"unix:{prepare_uds(config.uds)}"] if config.uds else []) + ([f"{config.host}:{config.port}"] if config.port is not None else [])
         metrics_dir = self.metrics_dir
 
         def child_exit(server, worker) -> None:
@@ -63,7 +63,7 @@ class ServeApplication(BaseApplication):
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
         settings = {
-            "bind": [bind],
+            "bind": bind,
             "workers": config.workers,
             "worker_class": "gthread",
             "threads": config.threads,

@@ -91,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"close calls (margin < {args.close_call_margin}): {candidate.reanswered_questions} of {candidate.answered_questions} answers given again by exact")
     for failure in failed:
         print(f"gate failed: {failure}", file=sys.stderr)
+    applied = ", ".join(f"{name.replace('_', ' ')} <= {value:g}" for name, value in chosen.items() if value is not None)
+    if not failed:
+        print(f"gates passed: {applied}" if applied else "no gate applied (set one with --max-changed-rate or --max-abs-diff)")
     return 3 if failed else 0
 
 

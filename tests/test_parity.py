@@ -56,6 +56,7 @@ def test_max_speed_parity_passes_its_gates(packages, tmp_path, name):
     out = tmp_path / "report"
     result = run_parity(str(packages[name]), "--artifact", str(artifact), "--out", str(out), "--max-changed-rate", "0", "--max-abs-diff", "1e-4")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "gates passed: max changed rate <= 0, max abs diff <= 0.0001" in result.stdout  # which gates held, said
     report = json.loads((out / "parity.json").read_text())
     summary = report["summary"]
     assert summary["compared"] >= 400 and summary["errors_differ"] == 0

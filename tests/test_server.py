@@ -337,3 +337,24 @@ def test_a_unix_socket_and_tcp_together(packages, tmp_path):
             conn.close()
     finally:
         server.stop()
+
+
+def test_a_server_that_cannot_bind_leaves_no_metrics_folder(packages, tmp_path):
+    """gunicorn exits without its on_exit hook when the address is taken: the Prometheus folder it had made was left
+    in the temporary folder, one per failed start."""
+    import socket
+    import subprocess
+    import sys
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "vllm_sr_runtime.cli", "serve", str(packages["d3"]), "--device", "cpu", "--port", str(port)],
+            capture_output=True, text=True, timeout=120, env=os.environ | {"TMPDIR": str(temporary)},
+        )  # fmt: skip
+    assert done.returncode != 0 and "Address already in use" in done.stderr, done.stderr[-2000:]
+    assert [p.name for p in temporary.iterdir() if p.name.startswith("vllm-sr-runtime")] == []

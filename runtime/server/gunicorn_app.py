@@ -87,6 +87,16 @@ class ServeApplication(BaseApplication):
 
     current_worker = None
 
+    def run(self) -> None:
+        """gunicorn's master; its metrics folder is removed however it ends (on_exit is not called when it cannot
+        bind its address). Workers are forked inside this call and unwind through it too: only the master removes."""
+        master = os.getpid()
+        try:
+            super().run()
+        finally:
+            if os.getpid() == master:
+                shutil.rmtree(self.metrics_dir, ignore_errors=True)
+
     def load(self):
         """Runs in each worker after fork. Models load before the worker accepts connections, so a replaced
         worker never answers 503 while its siblings serve; a heartbeat keeps gunicorn from timing it out."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_sr_runtime.report_folders import prepare_report_folder, write_report_file
+from vllm_sr_runtime.server.config import MAX_UDS_PATH_BYTES
 
 FIXTURES = {  # name -> `fixture` options; confident readouts, so a changed decision means something
     "d2-qwen3": {"family": "decision2", "backbone": "qwen3"},
@@ -169,6 +170,9 @@ def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, 
     from vllm_sr_runtime.bench.http_load import UnixConnection, run_http
 
     folder = Path(tempfile.mkdtemp(prefix="vsr-selftest-"))
+    if len(os.fsencode(folder / "serve.sock")) > MAX_UDS_PATH_BYTES:  # a long TMPDIR: the kernel could not bind it there
+        folder.rmdir()
+        folder = Path(tempfile.mkdtemp(prefix="vsr-selftest-", dir="/tmp"))
     os.chmod(folder, 0o700)
     uds = str(folder / "serve.sock")
     command = [sys.executable, "-m", "vllm_sr_runtime.cli", "serve", str(package), "--profile", profile] + (["--artifact", str(artifact)] if artifact else [])

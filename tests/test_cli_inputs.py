@@ -172,6 +172,9 @@ def test_serve_refuses_a_model_it_could_never_load_before_any_worker_starts(pack
     )
     assert main(["serve", str(packages["d3"]), "--device", "gpu", "--port", "0"]) == 1
     assert "device 'gpu' is not one of auto" in capsys.readouterr().err
+    long_socket = tmp_path / ("s" * 120) / "serve.sock"  # gunicorn retried five times, then "AF_UNIX path too long"
+    assert main(["serve", str(packages["d3"]), "--uds", str(long_socket)]) == 1
+    assert f"error: --uds {long_socket} is {len(str(long_socket))} bytes; a Unix socket path may be at most 107" in capsys.readouterr().err
 
 
 def test_an_artifact_given_to_a_profile_that_runs_none_is_refused_not_ignored(packages, tmp_path, capsys):

@@ -66,8 +66,10 @@ def test_selftest_on_cpu_reports_every_check_and_fails_on_a_dtype_the_device_can
 
 def test_selftest_serves_exact_when_no_artifact_runs(tmp_path):
     """Every artifact dtype failed (bf16 has no CPU kernels): latency and throughput fall back to the eager profile.
-    The served model's log is kept in --out; none of its folders is left in the temporary folder (the socket's is removed)."""
-    out, temporary = tmp_path / "selftest", tmp_path / "tmp"
+    The served model's log is kept in --out; none of its folders is left in the temporary folder (the socket's is removed),
+    and a temporary folder whose path is too long for a socket moves the socket to /tmp."""
+    # A TMPDIR too long to bind a socket in (it failed with "AF_UNIX path too long" wherever pytest's own path was long)
+    out, temporary = tmp_path / "selftest", tmp_path / ("t" * 80)
     temporary.mkdir()
     command = [
         sys.executable, "-m", "vllm_sr_runtime.cli", "selftest", "--device", "cpu", "--out", str(out), "--fixtures", "d3",
@@ -76,7 +78,7 @@ def test_selftest_serves_exact_when_no_artifact_runs(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=os.environ | {"TMPDIR": str(temporary)})
     assert [p.name for p in temporary.iterdir() if p.name.startswith(("vsr-", "vllm-sr-runtime"))] == []  # (torch and ORT keep caches there)
     assert (out / "serve.log").is_file()
-    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.returncode == 1 and (out / "selftest.json").is_file(), done.stderr[-3000:] + (out / "serve.log").read_text()[-3000:]
     report = json.loads((out / "selftest.json").read_text())
     assert [row["dtype"] for row in report["parity"]] == ["bf16"] and report["parity"][0]["failed"]
     assert [row["profile"] for row in report["latency"]] == ["exact"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vllm_sr_runtime.cli_values import non_negative_float, non_negative_int, port, positive_float, positive_int, ranged
 from vllm_sr_runtime.profiles import installed_profiles
-from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ModelSpec, ServeConfig, check_names, load_models_file
+from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ModelSpec, ServeConfig, check_names, checked_uds_path, load_models_file
 from vllm_sr_runtime.server.preflight import check_models
 
 DEFAULT_FIXTURE = "synthetic-d3-tiny"
@@ -63,6 +63,8 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
             raise ValueError("--artifact needs exactly one model (use artifact: in --models for several)")
         specs[0].artifact = args.artifact
     check_names(specs)
+    if args.uds:
+        checked_uds_path(args.uds)
     if args.close_call_margin is not None:
         # close_calls.check_margin's range, checked here without importing it: it reaches torch, which serve's master never imports
         if not 0.0 < args.close_call_margin <= 1.0:

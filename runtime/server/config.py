@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -14,6 +15,17 @@ SYSTEM_ONE_ALIAS = "jev-latest"  # the System One name of "the default model": t
 DEFAULT_MAX_REQUEST_BYTES = 48 * 1024 * 1024  # a realistic video as a base64 data URL (the reference runtime's limit)
 DEFAULT_DEADLINE_MS = 30_000
 MAX_DEADLINE_MS = 600_000
+MAX_UDS_PATH_BYTES = 107  # Linux's sun_path holds 108 bytes with the closing NUL
+
+
+def checked_uds_path(path: str) -> Path:
+    """The socket's absolute path, refused when the kernel cannot bind it (gunicorn retried five times, then
+    stopped with "AF_UNIX path too long")."""
+    socket_path = Path(path).absolute()
+    size = len(os.fsencode(socket_path))
+    if size > MAX_UDS_PATH_BYTES:
+        raise InvalidRequest(f"--uds {socket_path} is {size} bytes; a Unix socket path may be at most {MAX_UDS_PATH_BYTES}: use a shorter one")
+    return socket_path
 
 
 @dataclass

@@ -13,12 +13,12 @@ from pathlib import Path
 from gunicorn.app.base import BaseApplication
 
 from vllm_sr_runtime.errors import InvalidRequest
-from vllm_sr_runtime.server.config import ServeConfig
+from vllm_sr_runtime.server.config import ServeConfig, checked_uds_path
 
 
 def prepare_uds(path: str) -> str:
     """The socket's directory must be private (0700): created so, or refused when others can enter it."""
-    socket_path = Path(path).absolute()
+    socket_path = checked_uds_path(path)
     parent = socket_path.parent
     try:
         parent.mkdir(parents=True, mode=0o700)

@@ -31,6 +31,11 @@ class Response:
     reanswered: int = 0  # close calls the reference answered again (a model loaded with close_call_margin)
 
 
+def approximate_by_design(profile: str, family: Family) -> bool:
+    """Whether the profile shares a prefix the family's attention reads both ways: answers differ from exact by design."""
+    return profile_named(profile).shares_prefix and not family.shared_context_exact
+
+
 class DecisionModel:
     def __init__(
         self, family: Family, engine: Any, profile: str, device: Device, dtype: str, *, shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS,
@@ -57,8 +62,7 @@ class DecisionModel:
 
     @property
     def approximate_by_design(self) -> bool:
-        """Its profile shares a prefix the family's attention reads both ways: answers differ from exact by design."""
-        return self.profile_spec.shares_prefix and not self.family.shared_context_exact
+        return approximate_by_design(self.profile, self.family)
 
     @property
     def reads_media(self) -> bool:
@@ -249,7 +253,7 @@ def load(
     target = parse_device(device)
     ref = resolve_package(package, revision, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
-    if profile_named(profile).shares_prefix and not family.shared_context_exact and not allow_approximate_shared_context:
+    if approximate_by_design(profile, family) and not allow_approximate_shared_context:
         raise InvalidRequest(
             f"profile {profile} is approximate for {family.model_name}: its full-attention layers read the prompt both ways, "
             "and running the prefix once drops the prefix-to-question direction (answers differ from exact; see "

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.report_folders import prepare_report_folder, write_report_file
-from vllm_sr_runtime.server.config import MAX_UDS_PATH_BYTES
+from vllm_sr_runtime.server.config import checked_uds_path
 
 FIXTURES = {  # name -> `fixture` options; confident readouts, so a changed decision means something
     "d2-qwen3": {"family": "decision2", "backbone": "qwen3"},
@@ -170,7 +171,9 @@ def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, 
     from vllm_sr_runtime.bench.http_load import UnixConnection, run_http
 
     folder = Path(tempfile.mkdtemp(prefix="vsr-selftest-"))
-    if len(os.fsencode(folder / "serve.sock")) > MAX_UDS_PATH_BYTES:  # a long TMPDIR: the kernel could not bind it there
+    try:
+        checked_uds_path(str(folder / "serve.sock"))  # serve's own rule: the kernel binds no longer path
+    except InvalidRequest:  # a long TMPDIR
         folder.rmdir()
         folder = Path(tempfile.mkdtemp(prefix="vsr-selftest-", dir="/tmp"))
     os.chmod(folder, 0o700)

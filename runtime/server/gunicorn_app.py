@@ -59,9 +59,6 @@ class ServeApplication(BaseApplication):
         def post_fork(server, worker) -> None:
             ServeApplication.current_worker = worker
 
-        def on_exit(server) -> None:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
-
         settings = {
             "bind": bind,
             "workers": config.workers,
@@ -79,7 +76,6 @@ class ServeApplication(BaseApplication):
             "proc_name": "vllm-sr-runtime",
             "child_exit": child_exit,
             "post_fork": post_fork,
-            "on_exit": on_exit,
             "umask": 0o077 if config.uds else 0o022,
         }
         for key, value in settings.items():
@@ -88,8 +84,9 @@ class ServeApplication(BaseApplication):
     current_worker = None
 
     def run(self) -> None:
-        """gunicorn's master; its metrics folder is removed however it ends (on_exit is not called when it cannot
-        bind its address). Workers are forked inside this call and unwind through it too: only the master removes."""
+        """gunicorn's master; its metrics folder is removed here however it ends (gunicorn's on_exit hook is skipped
+        when it cannot bind its address). Workers are forked inside this call and unwind through it too: only the
+        master removes."""
         master = os.getpid()
         try:
             super().run()

@@ -118,6 +118,24 @@ def test_unreachable_hub_with_empty_cache_names_both_ways_out(tmp_path):
     assert getattr(info.value, "transient", False)  # a download problem, worth a retry (unlike verification)
 
 
+def test_an_adapter_whose_base_the_hub_cannot_give_names_the_network_and_base_path(packages, tmp_path, monkeypatch):
+    """Online, an unreachable Hub used to be reported as "--offline is set", a flag nobody gave, and the adapter's
+    error did not say that a local copy of the base would do; it was not marked worth a retry either."""
+    from server_harness import free_port
+
+    from vllm_sr_runtime.errors import DownloadError
+
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    with pytest.raises(DownloadError) as info:
+        open_family(resolve_package(packages["d2_lora"]), cache_dir=tmp_path)
+    message = info.value.message
+    assert "--offline" not in message
+    assert f"the Hub ({endpoint}) could not be reached" in message and str(tmp_path) in message
+    assert "base checkpoint" in message and "--base-path" in message
+    assert info.value.transient
+
+
 def test_documented_kai_configuration_with_its_full_commit_is_accepted(packages, tmp_path):
     kai = "881bee413681d80ebeac86afcda8b4138dae516e"
     with HubServer() as hub:

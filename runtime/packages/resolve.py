@@ -109,7 +109,7 @@ def _download(
     endpoint: str | None,
 ) -> PackageRef:
     repo_id, revision = pin.repo_id, pin.revision
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     if offline is None:
@@ -121,9 +121,16 @@ def _download(
         path = snapshot_download(
             repo_id=repo_id, revision=revision, cache_dir=str(cache / "hub"), local_files_only=offline, endpoint=endpoint
         )
-    except LocalEntryNotFoundError:
-        raise PackageError(
-            f"{repo_id}@{revision} is not in the cache {cache} and --offline is set: allow network access to download it"
+    except LocalEntryNotFoundError as exc:
+        if offline:
+            raise PackageError(
+                f"{repo_id}@{revision} is not in the cache {cache} and --offline is set: allow network access to download it"
+            ) from None
+        # Online, huggingface_hub raises this same error when the Hub cannot be reached and the cache lacks the files.
+        reason = str(exc.__cause__ or "").strip().splitlines()[0] if exc.__cause__ else "no answer"
+        raise DownloadError(
+            f"download of {repo_id}@{revision} failed: the Hub ({endpoint or constants.ENDPOINT}) could not be "
+            f"reached ({reason}) and the cache {cache} does not hold it"
         ) from None
     except hub_errors() as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -198,7 +198,10 @@ def _verify_base(manifest: dict, base_path: Path | None, resolve_base) -> BaseCh
     if base_path is None:
         if resolve_base is None:
             raise PackageError(f"adapter needs its base {repo_id}@{revision}: pass base_path (--base-path)")
-        base_path = resolve_base(repo_id, revision)
+        try:
+            base_path = resolve_base(repo_id, revision)
+        except PackageError as exc:
+            raise type(exc)(f"adapter's base checkpoint: {exc.message}; or pass a local copy of it as base_path (--base-path)") from None
     base_path = Path(base_path)
     for rel, digest in sorted(files.items()):
         path = base_path / rel

@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     fixture.add_argument("--calibrated", action="store_true", help="decision2: add score offsets and per-type temperatures")
     fixture.add_argument("--readout-scale", type=positive_float, default=1.0, help="scale the readout so answers are confident (e.g. 8)")
-    fixture.add_argument("--attention-mode", default="noncausal_full_attention", choices=["causal", "noncausal_full_attention"])
+    fixture.add_argument("--attention-mode", choices=["causal", "noncausal_full_attention"], help="decision3 (default noncausal_full_attention, as released)")
     fixture.add_argument("--vision", action="store_true", help="decision3: add a vision tower (visual. weights, processor configs)")
     fixture.add_argument("--max-length", type=int, help="decision3: the longest prompt the package declares (default 4096)")
     fixture.add_argument("--layers", type=positive_int, help="change the backbone's depth (hybrid backbones keep the 3:1 GDN / full-attention pattern)")
@@ -146,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`vllm-sr-runtime models | head`): stop quietly, as a shell tool would, and keep
+        # Python from failing again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -291,3 +291,22 @@ def test_parity_refuses_what_it_cannot_compare_before_the_candidate_loads(packag
     assert main(["parity", str(packages["d3"]), "--against", "batching", "--close-call-margin", "0.1", *out]) == 2
     assert "compare --against exact" in capsys.readouterr().err
     assert loads == ["exact"]
+
+
+def test_a_reader_that_goes_away_stops_the_command_quietly():
+    """`vllm-sr-runtime models | head` printed a BrokenPipeError traceback; a closed pipe is how a shell says
+    "enough", and the command now stops as a shell tool does (141, nothing on stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line is written
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "vllm_sr_runtime.cli", "models"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 141

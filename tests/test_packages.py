@@ -248,8 +248,10 @@ def test_fixture_max_length_sets_the_prompt_limit(tmp_path):
     assert model.ask("word " * 500, {"q": {"type": "noul", "instructions": "ok?"}})["q"]["type"] == "noul"
     with pytest.raises(ValueError, match="--max-length must be within"):
         write_synthetic_package("decision3", tmp_path / "q", max_length=1 << 20)
-    with pytest.raises(ValueError, match="Decision 3.0 options"):
-        write_synthetic_package("decision2", tmp_path / "r", max_length=2048)
+    for decision3_only in ({"max_length": 2048}, {"attention_mode": "causal"}, {"vision": True}):
+        with pytest.raises(ValueError, match="Decision 3.0 options"):  # never written and silently ignored
+            write_synthetic_package("decision2", tmp_path / "r", **decision3_only)
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_fixture_replaces_only_what_a_fixture_wrote(tmp_path):

@@ -145,6 +145,24 @@ def test_other_error_codes(servers):
     assert server.request("GET", "/v1/nothing").status == 404
 
 
+def test_head_and_a_wrong_path_or_method_are_answered_usefully(servers):
+    """HEAD (what load balancers' health checks send) was a 405; a 404 or 405 said only its title."""
+    server = servers[("d3", "exact")]
+    for path in ("/health", "/health/live", "/v1/models", "/metrics", "/openapi.yaml"):
+        get, head = server.request("GET", path), server.request("HEAD", path)
+        assert head.status == get.status == 200, path
+        assert head.body == b"" and int(head.headers["content-length"]) > 0, path
+        if path != "/metrics":  # its counters move between the two requests
+            assert int(head.headers["content-length"]) == len(get.body), path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+    missing = server.request("GET", "/v1/decision")
+    assert missing.status == 404 and missing.json()["error"]["code"] == "not_found"
+    assert "/v1/decision (paths: " in missing.json()["error"]["message"] and "/v1/decisions" in missing.json()["error"]["message"]
+    wrong = server.request("GET", "/v1/decisions")
+    assert wrong.status == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    assert "GET /v1/decisions (allowed: POST" in wrong.json()["error"]["message"] and "POST" in wrong.headers["allow"]
+
+
 def test_a_compressed_body_is_answered_as_the_plain_one(servers):
     """Content-Encoding gzip/deflate bodies were read as JSON bytes ("not valid UTF-8"). Now they are decompressed,
     no further than --max-request-bytes (65,536 here): a 70 kB state in a 200-byte gzip body is still a 413."""

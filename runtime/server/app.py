@@ -297,6 +297,12 @@ class DecisionsResource:
         self.server.decide(req, resp, self.endpoint)
 
 
+def answers_head(resource: type) -> type:
+    """HEAD is GET without the body (falcon drops it, keeping the headers): what load balancers' health checks send."""
+    resource.on_head = resource.on_get
+    return resource
+
+
 class BundleResource:
     def __init__(self, server: Server):
         self.server = server
@@ -305,6 +311,7 @@ class BundleResource:
         self.server.bundle(req, resp)
 
 
+@answers_head
 class ModelsResource:
     def __init__(self, server: Server):
         self.server = server
@@ -313,6 +320,7 @@ class ModelsResource:
         _json(resp, 200, {"object": "list", "data": [slot.card() for slot in self.server.slots.values()]})
 
 
+@answers_head
 class HealthResource:
     def __init__(self, server: Server):
         self.server = server
@@ -329,11 +337,13 @@ class HealthResource:
         _json(resp, 200 if ready else 503, {"status": status, "models": states})
 
 
+@answers_head
 class LiveResource:
     def on_get(self, req, resp) -> None:
         _json(resp, 200, {"status": "alive"})
 
 
+@answers_head
 class MetricsResource:
     def on_get(self, req, resp) -> None:
         data, content_type = metrics.render()
@@ -341,6 +351,7 @@ class MetricsResource:
         resp.data = data
 
 
+@answers_head
 class OpenAPIResource:
     def __init__(self, server: Server):
         self.server = server
@@ -384,8 +395,19 @@ def error_result(error: Exception) -> dict:
     return {"status": status, "body": envelope}
 
 
+def _routing_hint(req: falcon.Request, error: Exception) -> str:
+    """What a 404 or 405 names besides its title: the path or method asked for, and what exists."""
+    if isinstance(error, falcon.HTTPMethodNotAllowed):
+        return f": {req.method} {req.path} (allowed: {error.headers.get('Allow', '')})"
+    if isinstance(error, falcon.HTTPNotFound) and not error.description:
+        return f": {req.path} (paths: {', '.join(sorted(RequestMetrics.ENDPOINTS))})"
+    return ""
+
+
 def _handle_error(req: falcon.Request, resp: falcon.Response, error: Exception, params) -> None:
     status, envelope = error_response(error)
+    if status in (404, 405):
+        envelope["error"]["message"] += _routing_hint(req, error)
     _json(resp, status, envelope)
     if isinstance(error, RuntimeServiceError):
         if error.status == 429:

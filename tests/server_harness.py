@@ -50,11 +50,19 @@ class Server:
             return UnixConnection(self.uds, timeout=timeout)
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
 
-    def request(self, method: str, path: str, body=None, *, raw: bytes | None = None, headers: dict | None = None, timeout: float = 60) -> Reply:
+    def request(
+        self, method: str, path: str, body=None, *, raw: bytes | None = None, headers: dict | None = None, timeout: float = 60, chunked: bool = False
+    ) -> Reply:
+        """`chunked` sends the body with Transfer-Encoding: chunked, in 100-byte chunks and no Content-Length."""
         conn = self.connection(timeout)
         try:
             data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+            headers = {"Content-Type": "application/json", **(headers or {})}
+            if chunked and data is not None:
+                chunks = [data[i : i + 100] for i in range(0, len(data), 100)]
+                conn.request(method, path, body=iter(chunks), headers={**headers, "Transfer-Encoding": "chunked"}, encode_chunked=True)
+            else:
+                conn.request(method, path, body=data, headers=headers)
             response = conn.getresponse()
             return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
         finally:

@@ -190,6 +190,27 @@ def test_a_compressed_body_is_answered_as_the_plain_one(servers):
         assert reply.status == status and says in reply.json()["error"]["message"], (encoding, reply.body[:300])
 
 
+def test_a_chunked_body_is_read_to_its_end(servers):
+    """A chunked body (no Content-Length: what Go's and Envoy's streaming clients send) was read as empty, and
+    answered 400 "not valid JSON"; it is now read to its end, with the same limit and decoding as any other."""
+    import gzip
+
+    server = servers[("d3", "exact")]
+    body = {"state": STATE, "questions": QUESTIONS}
+    plain = checked(server, "POST", "/v1/systemone", body).json()
+    data = json.dumps(body).encode()
+    assert len(data) > 300  # several chunks
+    for raw, headers in ((data, {}), (gzip.compress(data), {"Content-Encoding": "gzip"})):
+        reply = server.request("POST", "/v1/systemone", raw=raw, headers=headers, chunked=True)
+        CONTRACT.check("/v1/systemone", "POST", reply)
+        assert reply.status == 200 and reply.json()["answers"] == plain["answers"], reply.body[:300]
+    big = json.dumps({"state": "x" * 70000, "questions": QUESTIONS}).encode()
+    reply = server.request("POST", "/v1/systemone", raw=big, chunked=True)
+    CONTRACT.check("/v1/systemone", "POST", reply)
+    assert reply.status == 413 and "over the limit of 65536 bytes" in reply.json()["error"]["message"]
+    assert checked(server, "POST", "/v1/decisions", body, chunked=True).status == 200
+
+
 def test_per_question_errors_keep_siblings(servers):
     server = servers[("d2_qwen3_5", "exact")]
     alone = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": {"r": QUESTIONS["reasoning"]}}).json()["answers"]["r"]

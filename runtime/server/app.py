@@ -50,6 +50,15 @@ def checked_deadline(deadline: Any) -> int:
     return deadline
 
 
+def body_stream(req: falcon.Request):
+    """The request body. falcon's bounded stream stops at Content-Length, which a chunked body (Go's and Envoy's
+    streaming clients send one) does not have: it would read as empty. A server that ends the input itself
+    (gunicorn says so with wsgi.input_terminated) is read to its end."""
+    if req.content_length is None and req.env.get("wsgi.input_terminated"):
+        return req.stream
+    return req.bounded_stream
+
+
 class Server:
     def __init__(self, config: ServeConfig, slots: list[ModelSlot]):
         self.config = config
@@ -64,7 +73,7 @@ class Server:
         if req.content_length is not None and req.content_length > limit:
             self.discard_body(req)
             raise RequestTooLarge(f"request body is {req.content_length} bytes, the limit is {limit}")
-        raw = req.bounded_stream.read(limit + 1)
+        raw = body_stream(req).read(limit + 1)
         if len(raw) > limit:
             self.discard_body(req, always_close=True)  # no length given: whatever follows is unknown
             raise RequestTooLarge(f"request body is over the limit of {limit} bytes")
@@ -83,7 +92,7 @@ class Server:
         writes its whole body before reading (http.client does) reads the 413 instead of a broken pipe; on a
         Unix socket the small kernel buffers fill long before TCP's do. Beyond that bound the connection is
         closed after the answer."""
-        stream, left = req.bounded_stream, DISCARD_BYTES
+        stream, left = body_stream(req), DISCARD_BYTES
         while left > 0 and (chunk := stream.read(min(left, 1 << 20))):
             left -= len(chunk)
         req.context.close_connection = always_close or left <= 0

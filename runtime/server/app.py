@@ -75,7 +75,7 @@ class Server:
             raise RequestTooLarge(f"request body is {req.content_length} bytes, the limit is {limit}")
         raw = body_stream(req).read(limit + 1)
         if len(raw) > limit:
-            self.discard_body(req, always_close=True)  # no length given: whatever follows is unknown
+            self.discard_body(req)
             raise RequestTooLarge(f"request body is over the limit of {limit} bytes")
         raw = decoded_body(raw, req.get_header("Content-Encoding"), limit)
         try:
@@ -87,15 +87,15 @@ class Server:
         return body
 
     @staticmethod
-    def discard_body(req: falcon.Request, always_close: bool = False) -> None:
+    def discard_body(req: falcon.Request) -> None:
         """Read and drop what the client sends beyond the limit, up to DISCARD_BYTES, so that a client that
         writes its whole body before reading (http.client does) reads the 413 instead of a broken pipe; on a
-        Unix socket the small kernel buffers fill long before TCP's do. Beyond that bound the connection is
-        closed after the answer."""
+        Unix socket the small kernel buffers fill long before TCP's do. What is left beyond that bound is
+        gunicorn's to drain or drop before the connection's next request (it ignores an application's Connection
+        header, so the answer cannot close the connection itself)."""
         stream, left = body_stream(req), DISCARD_BYTES
         while left > 0 and (chunk := stream.read(min(left, 1 << 20))):
             left -= len(chunk)
-        req.context.close_connection = always_close or left <= 0
 
     def validate(self, body: dict, default_deadline_ms: int | None = None) -> tuple[ModelSlot, dict]:
         if "instructions" in body:
@@ -421,8 +421,6 @@ def _handle_error(req: falcon.Request, resp: falcon.Response, error: Exception, 
     if isinstance(error, RuntimeServiceError):
         if error.status == 429:
             resp.set_header("Retry-After", "1")
-        if getattr(req.context, "close_connection", False):
-            resp.set_header("Connection", "close")  # part of the body was never read: this connection cannot carry another request
         return
     if isinstance(error, falcon.HTTPError) and error.headers:
         for key, value in error.headers.items():

@@ -250,6 +250,8 @@ def load(
     both ways (Decision 3.0's non-causal packages), whose answers then differ from exact by design; refused otherwise."""
     if close_call_margin is not None:
         check_margin(close_call_margin, profile)  # before anything loads
+    if isinstance(shared_min_tokens, bool) or not isinstance(shared_min_tokens, int) or shared_min_tokens < 0:
+        raise InvalidRequest(f"shared_min_tokens must be a whole number >= 0, not {shared_min_tokens!r}")
     target = parse_device(device)
     ref = resolve_package(package, revision, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)

@@ -132,6 +132,10 @@ def test_load_errors_are_clear(packages):
             vllm_sr_runtime.load(packages["d3"], device="cuda")
     with pytest.raises(InvalidRequest, match="unknown profile"):
         vllm_sr_runtime.load(packages["d3"], profile="warp_speed")
+    # serve's --shared-min-tokens refuses these; the Python API took them, and a string failed only at ask()
+    for bad in (-5, "10", 2.5, True):
+        with pytest.raises(InvalidRequest, match="shared_min_tokens must be a whole number >= 0"):
+            vllm_sr_runtime.load(packages["d3"], profile="shared_context", shared_min_tokens=bad, allow_approximate_shared_context=True)
 
 
 def test_adapter_merge_matches_unmerged(packages, models):

@@ -166,9 +166,10 @@ class DecisionModel:
         return confirmed
 
     def ask_many(self, requests: list[tuple], budget_tokens: int = DEFAULT_BATCH_TOKENS) -> list[dict[str, dict]]:
-        """Several (state, questions[, images, videos]) requests answered together, as concurrent requests are
-        under `batching` (rows that read media stay with their own request)."""
-        plans = [self.plan(r[0], r[1], images=r[2] if len(r) > 2 else None, videos=r[3] if len(r) > 3 else None) for r in requests]
+        """Several requests answered together, as concurrent requests are under `batching` (rows that read media
+        stay with their own request). Each is a tuple (state, questions[, images[, videos]]) or a dict with those
+        keys."""
+        plans = [self.plan(**request_fields(index, request)) for index, request in enumerate(requests)]
         return [response.answers for response in self.execute_many(plans, budget_tokens)]
 
     def _answer(self, item: Any, row: np.ndarray) -> dict:
@@ -226,6 +227,24 @@ def _floats(answer: dict):
             yield from value.values()
         else:
             yield value
+
+
+REQUEST_FIELDS = ("state", "questions", "images", "videos")
+
+
+def request_fields(index: int, request: Any) -> dict[str, Any]:
+    """One ask_many request as plan()'s keyword arguments."""
+    if isinstance(request, dict):
+        unknown = sorted(set(request) - set(REQUEST_FIELDS))
+        missing = [name for name in REQUEST_FIELDS[:2] if name not in request]
+        problems = ([f"unknown key(s) {', '.join(map(str, unknown))}"] if unknown else []) + ([f"missing {', '.join(missing)}"] if missing else [])
+        if problems:
+            raise InvalidRequest(f"requests[{index}]: {'; '.join(problems)} (keys: {', '.join(REQUEST_FIELDS)})")
+        return dict(request)
+    if isinstance(request, (tuple, list)) and 2 <= len(request) <= len(REQUEST_FIELDS):
+        return dict(zip(REQUEST_FIELDS, request))
+    given = f"a {type(request).__name__} of {len(request)}" if isinstance(request, (tuple, list)) else f"a {type(request).__name__}"
+    raise InvalidRequest(f"requests[{index}] must be (state, questions[, images[, videos]]) or a dict with those keys, not {given}")
 
 
 def load(

@@ -63,6 +63,24 @@ def test_shared_passes_change_nothing_beyond_1e_5(models, packages, name):
     assert together[3]["broken"]["error"] == "invalid_question"
 
 
+def test_ask_many_takes_dicts_like_tuples_and_names_a_malformed_request(models):
+    """A request that was not a 2-4 tuple failed in an IndexError or KeyError; a dict now reads as the tuple."""
+    from vllm_sr_runtime.errors import InvalidRequest
+
+    model = models("d3")
+    state, questions = requests_for_test(1)[0]
+    as_tuple = model.ask_many([(state, questions)])
+    assert model.ask_many([{"state": state, "questions": questions}]) == as_tuple == [model.ask(state, questions)]
+    for requests, says in (
+        ([(state,)], r"requests\[0\] must be \(state, questions.*not a tuple of 1"),
+        ([(state, questions), "text"], r"requests\[1\] must be .*not a str"),
+        ([{"state": state}], r"requests\[0\]: missing questions"),
+        ([{"state": state, "questions": questions, "image": []}], r"requests\[0\]: unknown key\(s\) image"),
+    ):
+        with pytest.raises(InvalidRequest, match=says):
+            model.ask_many(requests)
+
+
 def test_parity_batching_profile(packages, tmp_path):
     suite = tmp_path / "suite.jsonl"
     suite.write_text("\n".join(json.dumps({"state": state, "questions": questions}) for state, questions in requests_for_test(16)) + "\n")

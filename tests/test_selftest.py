@@ -103,3 +103,48 @@ def test_selftest_exports_int8_at_the_weight_width_a_saturating_cpu_serves(tmp_p
     manifest = json.loads((tmp_path / "selftest" / "artifacts" / "d3-contrib-int8" / "artifact.json").read_text())
     assert manifest["int8"]["weight_bits"] == 7
     assert [(entry["profile"], entry["dtype"]) for entry in report["http"]] == [("max_speed", "int8")]
+
+
+MASTER_AND_WORKER = """
+import os, signal, sys, time
+log, mode = sys.argv[1], sys.argv[2]
+worker = os.fork()
+if worker == 0:
+    signal.signal(signal.SIGTERM, lambda *_: (open(log, "a").write("worker TERM\\n"), os._exit(0)))
+    while True:
+        time.sleep(0.05)
+def stop(*_):
+    open(log, "a").write("master TERM\\n")
+    os.kill(worker, signal.SIGKILL)  # the master stops its worker its own way, as gunicorn's does
+    os.waitpid(worker, 0)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop if mode == "stops" else signal.SIG_IGN)
+open(log, "a").write("ready\\n")
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("mode", ["stops", "ignores"])
+def test_selftest_stops_its_server_with_a_term_to_the_master_alone(tmp_path, mode):
+    """A TERM to the whole process group reached gunicorn's workers too, and a master that saw a worker exit before
+    its own TERM could start a new one. Only the master is signalled; a master that does not stop within the grace
+    time is killed with its group."""
+    import time
+
+    from vllm_sr_runtime.parity.selftest import stop_server
+
+    log = tmp_path / "signals"
+    process = subprocess.Popen([sys.executable, "-c", MASTER_AND_WORKER, str(log), mode], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "ready" in log.read_text()):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    started = time.monotonic()
+    stop_server(process, grace_s=2.0)
+    assert process.poll() is not None
+    if mode == "stops":
+        assert log.read_text().splitlines() == ["ready", "master TERM"] and process.returncode == 0
+    else:  # TERM ignored: after the grace time the group is killed
+        assert time.monotonic() - started >= 2.0 and process.returncode == -9
+        assert "worker TERM" not in log.read_text()

@@ -115,6 +115,7 @@ if worker == 0:
         time.sleep(0.05)
 def stop(*_):
     open(log, "a").write("master TERM\\n")
+    time.sleep(0.5)  # a TERM sent to the whole group reaches the worker meanwhile
     os.kill(worker, signal.SIGKILL)  # the master stops its worker its own way, as gunicorn's does
     os.waitpid(worker, 0)
     sys.exit(0)

@@ -190,9 +190,13 @@ def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, 
             try:
                 conn = UnixConnection(uds, timeout=5)
                 conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
+                response = conn.getresponse()
+                if response.status == 200:
                     break
-            except OSError:
+                health = json.loads(response.read() or b"{}")
+                if health.get("status") == "failed":  # never becomes ready: say why now, not after the deadline
+                    raise RuntimeError(f"serve's model failed to load (log: {log_path}): {json.dumps(health.get('models'))}")
+            except (OSError, ValueError):
                 pass
             if time.time() > deadline:
                 raise RuntimeError("serve did not become ready in 600 s")

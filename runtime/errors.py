@@ -58,11 +58,18 @@ class RequestTooLarge(RuntimeServiceError):
 class Overloaded(RuntimeServiceError):
     status = 429
     code = "overloaded"
+    retry_after_s: int | None = 1  # the queue drains within a forward or two
 
 
 class NotReady(RuntimeServiceError):
+    """A model that is not ready; `retry_after_s` when it is on its way (loading, warming), None when it failed."""
+
     status = 503
     code = "not_ready"
+
+    def __init__(self, message: str, retry_after_s: int | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ArtifactError(RuntimeServiceError):

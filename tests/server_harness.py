@@ -71,7 +71,9 @@ class Server:
     def post(self, body, path: str = "/v1/systemone", **kwargs) -> Reply:
         return self.request("POST", path, body, **kwargs)
 
-    def wait(self, status: int = 200, timeout: float = 180) -> None:
+    def wait(self, status: int = 200, timeout: float = 180, settled: bool = True) -> None:
+        """Until /health answers `status`. A 503 counts once the server has settled (its models no longer loading)
+        unless `settled` is False: the first start's workers answer 503 "loading" while they load."""
         deadline = time.time() + timeout
         last = None
         while time.time() < deadline:
@@ -79,7 +81,7 @@ class Server:
                 raise RuntimeError(f"server exited with {self.process.returncode}: {self.tail()}")
             try:
                 last = self.request("GET", "/health", timeout=5)
-                if last.status == status:
+                if last.status == status and (status != 503 or not settled or last.json()["status"] not in ("loading",)):
                     return
                 if status == 200 and last.status == 503 and last.json()["status"] in ("failed",):
                     raise RuntimeError(f"model failed: {last.body!r}")

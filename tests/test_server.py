@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import time
 
 import pytest
 
@@ -256,6 +257,37 @@ def test_failed_model_is_503_not_ready(packages, tmp_path):
         assert "tokenizer.json" in json.dumps(health.json())
         reply = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": QUESTIONS})
         assert reply.status == 503 and reply.json()["error"]["code"] == "not_ready"
+        assert "retry-after" not in reply.headers  # failed for good: retrying cannot help
+    finally:
+        server.stop()
+
+
+def test_the_first_start_answers_while_its_model_loads(tmp_path):
+    """A worker of the first start used to load before it accepted a connection: every probe and request hung
+    until the load ended, and /health could never show a load being retried. Now it answers while loading:
+    /health/live 200, /health 503 with the model's state and its last failed try, a request 503 with Retry-After
+    (a failed model gets none). Here the model loads from a Hub that does not answer, so it stays loading while
+    its download is tried again."""
+    from server_harness import free_port
+
+    server = Server(
+        [f"synthetic/d3-tiny@{'0123456789abcdef' * 2}01234567", "--device", "cpu", "--load-attempts", "3", "--load-retry-seconds", "30",
+         "--cache-dir", str(tmp_path / "cache")],
+        env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}, log=tmp_path / "log",
+    )  # fmt: skip
+    try:
+        server.wait(status=503, settled=False)
+        assert server.request("GET", "/health/live").status == 200
+        health = checked(server, "GET", "/health").json()
+        assert health["status"] == "loading" and health["models"]["synthetic/d3-tiny"]["status"] == "loading"
+        reply = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": QUESTIONS, "options": {"profile": "batching"}})
+        assert reply.status == 503 and reply.json()["error"]["code"] == "not_ready" and "is loading" in reply.json()["error"]["message"]
+        assert int(reply.headers["retry-after"]) > 0
+        deadline = time.time() + 120
+        while "try 1 of 3 failed" not in (reason := checked(server, "GET", "/health").json()["models"]["synthetic/d3-tiny"].get("reason", "")):
+            assert time.time() < deadline, reason
+            time.sleep(0.5)
+        assert "could not be reached" in reason and "retrying in 30 s" in reason
     finally:
         server.stop()
 

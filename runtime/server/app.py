@@ -40,6 +40,7 @@ def _json(resp: falcon.Response, status: int, body: Any) -> None:
 
 
 OPENAPI = yaml.safe_load(resources.files("vllm_sr_runtime.server").joinpath("openapi.yaml").read_text())
+LOADING_RETRY_AFTER_S = 5  # Retry-After of a 503 from a model still loading or warming (a failed one has none)
 DISCARD_BYTES = 64 * 1024 * 1024  # how much of an over-limit body is read and dropped before answering 413
 
 
@@ -127,7 +128,7 @@ class Server:
             # Decoded (with every limit) by the model's family when the request is planned; text-only
             # models refuse non-empty lists there.
         profile = options.get("profile", slot.profile)
-        if profile not in slot.profiles:
+        if slot.ready and profile not in slot.profiles:  # a model still loading is a 503 (prepare), whatever it will enable
             raise InvalidRequest(f"profile {profile!r} is not enabled for model {slot.name} (enabled: {', '.join(slot.profiles)})")
         return slot, {"deadline_ms": deadline, "return_meta": options.get("return_meta", False), "profile": profile}
 
@@ -177,7 +178,10 @@ class Server:
         """Validate and render one request (the request thread); raises the request-level errors."""
         slot, options = self.validate(body, default_deadline_ms)
         if not slot.ready:
-            raise NotReady(f"model {slot.name} is {slot.state}" + (f": {slot.reason}" if slot.reason else ""))
+            raise NotReady(
+                f"model {slot.name} is {slot.state}" + (f": {slot.reason}" if slot.reason else ""),
+                retry_after_s=None if slot.state == "failed" else LOADING_RETRY_AFTER_S,
+            )
         plan = slot.model.plan(body["state"], body.get("questions"), profile=options["profile"], images=body.get("images"), videos=body.get("videos"))
         return Call(slot, options, plan, started, time.perf_counter(), time.monotonic() + options["deadline_ms"] / 1000)
 
@@ -419,8 +423,9 @@ def _handle_error(req: falcon.Request, resp: falcon.Response, error: Exception, 
         envelope["error"]["message"] += _routing_hint(req, error)
     _json(resp, status, envelope)
     if isinstance(error, RuntimeServiceError):
-        if error.status == 429:
-            resp.set_header("Retry-After", "1")
+        retry_after_s = getattr(error, "retry_after_s", None)
+        if retry_after_s is not None:
+            resp.set_header("Retry-After", str(retry_after_s))
         return
     if isinstance(error, falcon.HTTPError) and error.headers:
         for key, value in error.headers.items():

@@ -95,24 +95,33 @@ class ServeApplication(BaseApplication):
                 shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
     def load(self):
-        """Runs in each worker after fork. Models load before the worker accepts connections, so a replaced
-        worker never answers 503 while its siblings serve; a heartbeat keeps gunicorn from timing it out."""
+        """Runs in each worker after fork. A worker of the server's first start answers while its models load:
+        `/health/live` 200, `/health` 503 with each model's state (the try and last error of a retried load),
+        requests 503 with Retry-After, instead of connections that hang until every model is loaded. A worker that
+        replaces one (a crash, a reload) loads before it accepts connections, so it never answers 503 while its
+        siblings serve; a heartbeat keeps gunicorn from timing it out meanwhile."""
         from vllm_sr_runtime.server.app import create_app
         from vllm_sr_runtime.server.slots import ModelSlot
 
         logging.basicConfig(level=self.config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         names = [spec.served_name() for spec in self.config.models]
         slots = [ModelSlot(spec, self.config, name) for spec, name in zip(self.config.models, names)]
-        loading = threading.Event()
         worker = ServeApplication.current_worker
-        if worker is not None:
-            threading.Thread(target=_heartbeat, args=(worker, loading), daemon=True).start()
+        if worker is None or worker.age <= self.config.workers:  # gunicorn numbers workers 1, 2, ... as it spawns them
+            threading.Thread(target=_load_all, args=(slots,), name="model-load", daemon=True).start()
+            return create_app(self.config, slots)
+        loading = threading.Event()
+        threading.Thread(target=_heartbeat, args=(worker, loading), daemon=True).start()
         try:
-            for slot in slots:
-                slot.load()
+            _load_all(slots)
         finally:
             loading.set()
         return create_app(self.config, slots)
+
+
+def _load_all(slots) -> None:
+    for slot in slots:
+        slot.load()
 
 
 def _heartbeat(worker, done: threading.Event) -> None:

@@ -13,7 +13,7 @@ import pytest
 import vllm_sr_runtime
 from conftest import load_kwargs
 from vllm_sr_runtime.export.exporter import export_package
-from server_harness import Contract, Server
+from server_harness import Contract, Server, free_port
 
 CONTRACT = Contract()
 STATE = "Write a Python function that merges two sorted lists and explain its running time."
@@ -262,32 +262,41 @@ def test_failed_model_is_503_not_ready(packages, tmp_path):
         server.stop()
 
 
-def test_the_first_start_answers_while_its_model_loads(tmp_path):
+def test_the_first_start_answers_while_its_models_load(packages, tmp_path):
     """A worker of the first start used to load before it accepted a connection: every probe and request hung
-    until the load ended, and /health could never show a load being retried. Now it answers while loading:
-    /health/live 200, /health 503 with the model's state and its last failed try, a request 503 with Retry-After
-    (a failed model gets none). Here the model loads from a Hub that does not answer, so it stays loading while
-    its download is tried again."""
-    from server_harness import free_port
-
+    until every model had loaded, and /health could never show a load being retried. Now it answers while
+    loading: /health/live 200, /health 503 "loading" until every model has settled, with each model's state and
+    a retried load's last failed try; a request to a loading model 503 with Retry-After, to a failed one 503
+    without (retrying cannot help). One model here loads from a Hub that does not answer, so it stays loading
+    while its download is tried again; the other fails at once."""
+    broken = tmp_path / "broken"
+    shutil.copytree(packages["d3"], broken)
+    (broken / "tokenizer.json").write_text("{}")
+    broken_name = json.loads((broken / "MODEL_MANIFEST.json").read_text())["model_name"]
+    hub_model = f"synthetic/d3-tiny@{'0123456789abcdef' * 2}01234567"
     server = Server(
-        [f"synthetic/d3-tiny@{'0123456789abcdef' * 2}01234567", "--device", "cpu", "--load-attempts", "3", "--load-retry-seconds", "30",
-         "--cache-dir", str(tmp_path / "cache")],
+        [hub_model, str(broken), "--device", "cpu", "--load-attempts", "3", "--load-retry-seconds", "30", "--cache-dir", str(tmp_path / "cache")],
         env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}, log=tmp_path / "log",
     )  # fmt: skip
     try:
         server.wait(status=503, settled=False)
         assert server.request("GET", "/health/live").status == 200
-        health = checked(server, "GET", "/health").json()
-        assert health["status"] == "loading" and health["models"]["synthetic/d3-tiny"]["status"] == "loading"
-        reply = checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": QUESTIONS, "options": {"profile": "batching"}})
-        assert reply.status == 503 and reply.json()["error"]["code"] == "not_ready" and "is loading" in reply.json()["error"]["message"]
-        assert int(reply.headers["retry-after"]) > 0
+        body = {"state": STATE, "questions": QUESTIONS, "options": {"profile": "batching"}}
+        loading = checked(server, "POST", "/v1/systemone", {**body, "model": "synthetic/d3-tiny"})
+        assert loading.status == 503 and loading.json()["error"]["code"] == "not_ready" and "is loading" in loading.json()["error"]["message"]
+        assert int(loading.headers["retry-after"]) > 0
         deadline = time.time() + 120
-        while "try 1 of 3 failed" not in (reason := checked(server, "GET", "/health").json()["models"]["synthetic/d3-tiny"].get("reason", "")):
-            assert time.time() < deadline, reason
+        while True:
+            health = checked(server, "GET", "/health").json()
+            models = health["models"]
+            if models[broken_name]["status"] == "failed" and "try 1 of 3 failed" in models["synthetic/d3-tiny"].get("reason", ""):
+                break
+            assert time.time() < deadline, health
             time.sleep(0.5)
-        assert "could not be reached" in reason and "retrying in 30 s" in reason
+        assert health["status"] == "loading" and models["synthetic/d3-tiny"]["status"] == "loading"  # one failed, one not settled
+        assert "could not be reached" in models["synthetic/d3-tiny"]["reason"] and "retrying in 30 s" in models["synthetic/d3-tiny"]["reason"]
+        failed = checked(server, "POST", "/v1/systemone", {**body, "model": broken_name})
+        assert failed.status == 503 and "is failed" in failed.json()["error"]["message"] and "retry-after" not in failed.headers
     finally:
         server.stop()
 

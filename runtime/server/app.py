@@ -343,10 +343,10 @@ class HealthResource:
         ready = all(slot.ready for slot in self.server.slots.values())
         if ready:
             status = "ready"
-        elif any(s["status"] == "failed" for s in states.values()):
-            status = "degraded" if any(s["status"] == "ready" for s in states.values()) else "failed"
+        elif any(s["status"] in ("loading", "warming") for s in states.values()):
+            status = "loading"  # not settled yet, whatever has failed meanwhile (each model's own state says)
         else:
-            status = "loading"
+            status = "degraded" if any(s["status"] == "ready" for s in states.values()) else "failed"
         _json(resp, 200 if ready else 503, {"status": status, "models": states})
 
 

@@ -120,8 +120,14 @@ class ServeApplication(BaseApplication):
 
 
 def _load_all(slots) -> None:
-    for slot in slots:
-        slot.load()
+    """Every slot's load in a thread of its own, one model loading at a time: a model waiting out a retry's
+    back-off (a Hub that does not answer) does not hold the others back."""
+    one_at_a_time = threading.Lock()
+    threads = [threading.Thread(target=slot.load, args=(one_at_a_time,), name=f"load-{slot.name}", daemon=True) for slot in slots]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def _heartbeat(worker, done: threading.Event) -> None:

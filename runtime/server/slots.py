@@ -1,9 +1,11 @@
-"""A served model: loading -> warming -> ready | failed, in a background thread so /health answers while it
+"""A served model: loading -> warming -> ready | failed, in a thread of its own so /health answers while it
 loads; transient load failures are retried with back-off (`--load-attempts`, `--load-retry-seconds`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from typing import Any
 
@@ -31,8 +33,10 @@ class ModelSlot:
         self.attempts = 0  # load tries so far
         metrics.READY.labels(model=name).set(0)
 
-    def load(self) -> None:
-        """Load and warm the model, retrying transient failures with back-off; the last failure is final."""
+    def load(self, one_at_a_time: threading.Lock | None = None) -> None:
+        """Load and warm the model, retrying transient failures with back-off; the last failure is final.
+        `one_at_a_time`, shared by a worker's slots, lets one model load at a time (their peaks never add up)
+        while another waits out its back-off."""
         from vllm_sr_runtime.errors import is_transient
         from vllm_sr_runtime.server.config import MAX_LOAD_RETRY_SECONDS
 
@@ -40,7 +44,8 @@ class ModelSlot:
         for attempt in range(1, attempts + 1):
             self.attempts = attempt
             try:
-                model = self._load_once()
+                with one_at_a_time or contextlib.nullcontext():
+                    model = self._load_once()
             except Exception as exc:  # a failed model degrades /health, the others keep serving
                 reason = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
                 if attempt < attempts and is_transient(exc):

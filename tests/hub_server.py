@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlparse
@@ -25,6 +26,7 @@ class HubServer:
         self.repos: dict[tuple[str, str], Path] = {}
         self.requests: list[str] = []
         self.unavailable = 0  # the next this-many repository listings answer 503 (a Hub that is briefly down)
+        self.listing_delay_s = 0.0  # a slow Hub: each repository listing answers after this long
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -92,6 +94,8 @@ class HubServer:
 
             def _route(self, head: bool) -> None:
                 hub.requests.append(f"{self.command} {self.path}")
+                if hub.listing_delay_s and "/tree/" in self.path:
+                    time.sleep(hub.listing_delay_s)
                 if hub.unavailable > 0 and "/tree/" in self.path:
                     hub.unavailable -= 1
                     hub.requests[-1] += " -> 503"

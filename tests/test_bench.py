@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ import pytest
 import vllm_sr_runtime
 from vllm_sr_runtime.bench.flops import GemmCeilings
 from vllm_sr_runtime.export.exporter import export_package
+from hub_server import HubServer
 from server_harness import Server
 
 ROW_FIELDS = {"profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "fraction_of_limit"}
@@ -114,18 +116,26 @@ def test_the_profile_counts_each_products_work_from_its_shapes(form, tmp_path):
 
 
 def test_bench_http(packages, tmp_path):
-    server = Server([str(packages["d3"]), "--device", "cpu"], log=tmp_path / "log")
-    try:
-        server.wait()
-        out = tmp_path / "bench"
-        result = subprocess.run(
-            [sys.executable, "-m", "vllm_sr_runtime.cli", "bench", "--mode", "http", "--url", f"http://127.0.0.1:{server.port}",
-             "--concurrency", "1,4", "--duration", "1.5", "--out", str(out), "--plot", "--quiet"],
-            capture_output=True, text=True, timeout=300,
+    """Started while the server's model is still loading (from a slow Hub: /health 503 "loading"), bench waits
+    for it: not one of its requests may be a 503."""
+    revision = "0123456789abcdef" * 2 + "01234567"
+    with HubServer() as hub:
+        hub.add("synthetic/d3-tiny", revision, packages["d3"])
+        hub.listing_delay_s = 15.0
+        server = Server(
+            [f"synthetic/d3-tiny@{revision}", "--device", "cpu", "--cache-dir", str(tmp_path / "cache")], env={"HF_ENDPOINT": hub.endpoint}, log=tmp_path / "log"
         )  # fmt: skip
-        assert result.returncode == 0, result.stderr[-2000:]
-    finally:
-        server.stop()
+        try:
+            server.wait(status=503, settled=False)
+            out = tmp_path / "bench"
+            result = subprocess.run(
+                [sys.executable, "-m", "vllm_sr_runtime.cli", "bench", "--mode", "http", "--url", f"http://127.0.0.1:{server.port}",
+                 "--concurrency", "1,4", "--duration", "1.5", "--out", str(out), "--plot", "--quiet"],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert result.returncode == 0, result.stderr[-2000:]
+        finally:
+            server.stop()
     assert result.stdout.splitlines()[0].split()[-1] == "errors"  # the table shows failed requests too
     report = json.loads((out / "bench.json").read_text())
     rows = report["rows"]
@@ -134,6 +144,25 @@ def test_bench_http(packages, tmp_path):
         assert ROW_FIELDS <= set(row) and row["rps"] > 0 and row["errors"] == 0
         assert row["statuses"]["200"] > 0 and row["p99_ms"] >= row["median_ms"]
     assert (out / "rps_vs_clients.png").is_file()
+    assert "waiting for the server's models to load" in result.stderr
+
+
+def test_bench_http_refuses_a_server_whose_models_failed(packages, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(packages["d3"], broken)
+    (broken / "tokenizer.json").write_text("{}")
+    server = Server([str(broken), "--device", "cpu"], log=tmp_path / "log")
+    try:
+        server.wait(status=503)
+        result = subprocess.run(
+            [sys.executable, "-m", "vllm_sr_runtime.cli", "bench", "--mode", "http", "--url", f"http://127.0.0.1:{server.port}",
+             "--concurrency", "1", "--duration", "1", "--out", str(tmp_path / "bench"), "--quiet"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert result.returncode == 2 and "models failed to load, nothing to measure" in result.stderr and "tokenizer.json" in result.stderr
+    assert not (tmp_path / "bench" / "bench.json").exists()
 
 
 def test_bench_export_reports_each_phase_and_the_whole_run(packages, tmp_path):

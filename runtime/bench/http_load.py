@@ -38,20 +38,40 @@ def _connection(url: str | None, uds: str | None, timeout: float) -> http.client
     return http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout)
 
 
-def check_reachable(url: str | None, uds: str | None) -> None:
-    """Something answers HTTP there (any status): otherwise every request of the load would count as an error."""
-    conn = _connection(url, uds, timeout=10.0)
-    try:
-        conn.request("GET", "/health")
-        conn.getresponse().read()
-    except (OSError, http.client.HTTPException) as exc:
-        raise ValueError(f"nothing answers HTTP at {url or 'unix:' + str(uds)} ({exc}): start the server (vllm-sr-runtime serve) first") from None
-    finally:
-        conn.close()
+def wait_until_settled(url: str | None, uds: str | None, timeout_s: float = 900.0, on_wait=None) -> None:
+    """Something answers HTTP there (any status), and its models have settled: a server of the first start answers
+    503 "loading" while they load, and every request of the load would count as an error meanwhile. A server whose
+    models all failed is refused; one with some ready (degraded) is measured as it serves."""
+    deadline, told = time.monotonic() + timeout_s, False
+    while True:
+        conn = _connection(url, uds, timeout=10.0)
+        try:
+            conn.request("GET", "/health")
+            response = conn.getresponse()
+            body = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise ValueError(f"nothing answers HTTP at {url or 'unix:' + str(uds)} ({exc}): start the server (vllm-sr-runtime serve) first") from None
+        finally:
+            conn.close()
+        try:
+            health = json.loads(body)
+        except ValueError:
+            return  # not this runtime's /health: measure what answers
+        status = health.get("status") if isinstance(health, dict) else None
+        if status == "failed":
+            raise ValueError(f"the server's models failed to load, nothing to measure: {json.dumps(health.get('models'))}")
+        if status != "loading":
+            return
+        if time.monotonic() > deadline:
+            raise ValueError(f"the server's models were still loading after {timeout_s:g} s: {json.dumps(health.get('models'))}")
+        if on_wait is not None and not told:
+            on_wait("waiting for the server's models to load (/health 503 loading)")
+            told = True
+        time.sleep(0.5)
 
 
-def run_http(url: str | None, uds: str | None, concurrency: list[int], duration: float, progress) -> list[dict]:
-    check_reachable(url, uds)
+def run_http(url: str | None, uds: str | None, concurrency: list[int], duration: float, progress, on_wait=None) -> list[dict]:
+    wait_until_settled(url, uds, on_wait=on_wait)
     rows = []
     for clients in concurrency:
         latencies: list[float] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 from pathlib import Path
 
 from vllm_sr_runtime.cli_values import choice_list, counts, positive_float, positive_int
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         concurrency = args.concurrency
         bar = tqdm(total=len(concurrency), desc="bench http", disable=args.quiet)
         result["target"] = args.url or f"unix:{args.uds}"
-        result["rows"] = run_http(args.url, args.uds, concurrency, args.duration, bar.update)
+        result["rows"] = run_http(args.url, args.uds, concurrency, args.duration, bar.update, on_wait=lambda text: print(text, file=sys.stderr))
         bar.close()
     write_report_file(out / "bench.json", json.dumps(result, indent=2) + "\n")
     print_table(result["rows"])

@@ -301,6 +301,42 @@ def test_the_first_start_answers_while_its_models_load(packages, tmp_path):
         server.stop()
 
 
+def test_a_lone_workers_replacement_answers_while_it_loads(packages, tmp_path):
+    """With one worker there is no sibling to serve while a replacement loads: it answers 503 "loading" (not
+    connections that hang until it is ready), then serves. Its model comes from a slow loopback Hub (every
+    listing answers after 10 s), so the replacement's load is long enough to be seen."""
+    import signal
+
+    from hub_server import HubServer
+
+    revision = "0123456789abcdef" * 2 + "01234567"
+    with HubServer() as hub:
+        hub.add("synthetic/d3-tiny", revision, packages["d3"])
+        hub.listing_delay_s = 10.0
+        server = Server(
+            [f"synthetic/d3-tiny@{revision}", "--device", "cpu", "--workers", "1", "--cache-dir", str(tmp_path / "cache")],
+            env={"HF_ENDPOINT": hub.endpoint}, log=tmp_path / "log",
+        )  # fmt: skip
+        try:
+            server.wait()
+            (worker,) = server.workers()
+            os.kill(worker, signal.SIGKILL)
+            deadline, seen = time.time() + 120, []
+            while time.time() < deadline:
+                try:
+                    reply = server.request("GET", "/health", timeout=5)
+                except (OSError, ConnectionError):
+                    continue
+                seen.append(reply.json()["status"])
+                if reply.status == 200 and server.workers() != [worker]:
+                    break
+                time.sleep(0.3)
+            assert "loading" in seen and seen[-1] == "ready", seen
+            assert server.post({"state": STATE, "questions": QUESTIONS}).status == 200
+        finally:
+            server.stop()
+
+
 def test_serve_without_a_model_uses_a_cached_synthetic_package(tmp_path):
     server = Server(["--device", "cpu", "--cache-dir", str(tmp_path / "cache")], log=tmp_path / "log")
     try:

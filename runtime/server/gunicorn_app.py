@@ -97,9 +97,10 @@ class ServeApplication(BaseApplication):
     def load(self):
         """Runs in each worker after fork. A worker of the server's first start answers while its models load:
         `/health/live` 200, `/health` 503 with each model's state (the try and last error of a retried load),
-        requests 503 with Retry-After, instead of connections that hang until every model is loaded. A worker that
-        replaces one (a crash, a reload) loads before it accepts connections, so it never answers 503 while its
-        siblings serve; a heartbeat keeps gunicorn from timing it out meanwhile."""
+        requests 503 with Retry-After, instead of connections that hang until every model is loaded; so does the
+        replacement of a lone worker (nothing else could answer). A worker that replaces one of several (a crash,
+        a reload) loads before it accepts connections, so it never answers 503 while its siblings serve; a
+        heartbeat keeps gunicorn from timing it out meanwhile."""
         from vllm_sr_runtime.server.app import create_app
         from vllm_sr_runtime.server.slots import ModelSlot
 
@@ -107,7 +108,8 @@ class ServeApplication(BaseApplication):
         names = [spec.served_name() for spec in self.config.models]
         slots = [ModelSlot(spec, self.config, name) for spec, name in zip(self.config.models, names)]
         worker = ServeApplication.current_worker
-        if worker is None or worker.age <= self.config.workers:  # gunicorn numbers workers 1, 2, ... as it spawns them
+        first_start = worker is None or worker.age <= self.config.workers  # gunicorn numbers workers 1, 2, ... as it spawns them
+        if first_start or self.config.workers == 1:
             threading.Thread(target=_load_all, args=(slots,), name="model-load", daemon=True).start()
             return create_app(self.config, slots)
         loading = threading.Event()

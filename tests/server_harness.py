@@ -123,6 +123,11 @@ class Contract:
         assert spec is not None, f"{method} {path} answered {reply.status}, which the contract does not list"
         if "$ref" in spec:
             spec = self.document["components"]["responses"][spec["$ref"].rsplit("/", 1)[-1]]
+        for name, header in spec.get("headers", {}).items():
+            value = reply.headers.get(name.lower())
+            assert value is not None or not header.get("required"), f"{method} {path} {reply.status}: no {name} header"
+            if value is not None and header["schema"].get("type") == "integer":
+                assert value.isdigit() and int(value) >= header["schema"].get("minimum", 0), f"{method} {path} {reply.status}: {name}: {value}"
         content_type = reply.headers.get("content-type", "").split(";")[0]
         media = spec["content"].get(content_type)
         assert media is not None, f"{method} {path} {reply.status}: content type {content_type} not in the contract"

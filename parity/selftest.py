@@ -184,24 +184,20 @@ def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, 
     process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
     try:
         deadline = time.time() + 600
-        while True:
+        while True:  # until serve answers at all; run_http then waits while its model loads, and refuses a failed one
             if process.poll() is not None:
                 raise RuntimeError(f"serve exited with {process.returncode} (log: {log_path}): {log_path.read_text()[-2000:]}")
             try:
                 conn = UnixConnection(uds, timeout=5)
-                conn.request("GET", "/health")
-                response = conn.getresponse()
-                if response.status == 200:
-                    break
-                health = json.loads(response.read() or b"{}")
-                if health.get("status") == "failed":  # never becomes ready: say why now, not after the deadline
-                    raise RuntimeError(f"serve's model failed to load (log: {log_path}): {json.dumps(health.get('models'))}")
-            except (OSError, ValueError):
+                conn.request("GET", "/health/live")
+                conn.getresponse().read()
+                break
+            except OSError:
                 pass
             if time.time() > deadline:
                 raise RuntimeError("serve did not become ready in 600 s")
             time.sleep(0.3)
-        return run_http(None, uds, clients, seconds, lambda: None)
+        return run_http(None, uds, clients, seconds, lambda: None, settle_timeout_s=max(1.0, deadline - time.time()))
     finally:
         stop_server(process)
         log.close()

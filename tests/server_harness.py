@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +32,14 @@ class Reply:
 
     def json(self):
         return json.loads(self.body)
+
+
+def unloadable_copy(package: Path, out: Path) -> Path:
+    """A copy of the package whose tokenizer cannot be read: a model that fails to load at once, and is never
+    retried (a verification failure)."""
+    shutil.copytree(package, out)
+    (out / "tokenizer.json").write_text("{}")
+    return out
 
 
 class Server:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import vllm_sr_runtime
 from vllm_sr_runtime.bench.flops import GemmCeilings
 from vllm_sr_runtime.export.exporter import export_package
 from hub_server import HubServer
-from server_harness import Server
+from server_harness import Server, unloadable_copy
 
 ROW_FIELDS = {"profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "fraction_of_limit"}
 
@@ -148,9 +147,7 @@ def test_bench_http(packages, tmp_path):
 
 
 def test_bench_http_refuses_a_server_whose_models_failed(packages, tmp_path):
-    broken = tmp_path / "broken"
-    shutil.copytree(packages["d3"], broken)
-    (broken / "tokenizer.json").write_text("{}")
+    broken = unloadable_copy(packages["d3"], tmp_path / "broken")
     server = Server([str(broken), "--device", "cpu"], log=tmp_path / "log")
     try:
         server.wait(status=503)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 import vllm_sr_runtime
 from conftest import load_kwargs
 from vllm_sr_runtime.export.exporter import export_package
-from server_harness import Contract, Server, free_port
+from server_harness import Contract, Server, free_port, unloadable_copy
 
 CONTRACT = Contract()
 STATE = "Write a Python function that merges two sorted lists and explain its running time."
@@ -246,9 +245,7 @@ def test_metrics_move(servers):
 
 
 def test_failed_model_is_503_not_ready(packages, tmp_path):
-    broken = tmp_path / "broken"
-    shutil.copytree(packages["d3"], broken)
-    (broken / "tokenizer.json").write_text("{}")
+    broken = unloadable_copy(packages["d3"], tmp_path / "broken")
     server = Server([str(broken), "--device", "cpu"], log=tmp_path / "log")
     try:
         server.wait(status=503)
@@ -269,9 +266,7 @@ def test_the_first_start_answers_while_its_models_load(packages, tmp_path):
     a retried load's last failed try; a request to a loading model 503 with Retry-After, to a failed one 503
     without (retrying cannot help). One model here loads from a Hub that does not answer, so it stays loading
     while its download is tried again; the other fails at once."""
-    broken = tmp_path / "broken"
-    shutil.copytree(packages["d3"], broken)
-    (broken / "tokenizer.json").write_text("{}")
+    broken = unloadable_copy(packages["d3"], tmp_path / "broken")
     broken_name = json.loads((broken / "MODEL_MANIFEST.json").read_text())["model_name"]
     hub_model = f"synthetic/d3-tiny@{'0123456789abcdef' * 2}01234567"
     server = Server(

@@ -70,8 +70,10 @@ def wait_until_settled(url: str | None, uds: str | None, timeout_s: float = 900.
         time.sleep(0.5)
 
 
-def run_http(url: str | None, uds: str | None, concurrency: list[int], duration: float, progress, on_wait=None) -> list[dict]:
-    wait_until_settled(url, uds, on_wait=on_wait)
+def run_http(
+    url: str | None, uds: str | None, concurrency: list[int], duration: float, progress, on_wait=None, settle_timeout_s: float = 900.0
+) -> list[dict]:
+    wait_until_settled(url, uds, settle_timeout_s, on_wait)
     rows = []
     for clients in concurrency:
         latencies: list[float] = []

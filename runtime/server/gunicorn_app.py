@@ -108,16 +108,17 @@ class ServeApplication(BaseApplication):
         names = [spec.served_name() for spec in self.config.models]
         slots = [ModelSlot(spec, self.config, name) for spec, name in zip(self.config.models, names)]
         worker = ServeApplication.current_worker
-        first_start = worker is None or worker.age <= self.config.workers  # gunicorn numbers workers 1, 2, ... as it spawns them
-        if first_start or self.config.workers == 1:
+        # gunicorn numbers workers 1, 2, ... as it spawns them: a higher number replaces one
+        replaces_one_of_several = worker is not None and worker.age > self.config.workers > 1
+        if replaces_one_of_several:
+            loading = threading.Event()
+            threading.Thread(target=_heartbeat, args=(worker, loading), daemon=True).start()
+            try:
+                _load_all(slots)
+            finally:
+                loading.set()
+        else:
             threading.Thread(target=_load_all, args=(slots,), name="model-load", daemon=True).start()
-            return create_app(self.config, slots)
-        loading = threading.Event()
-        threading.Thread(target=_heartbeat, args=(worker, loading), daemon=True).start()
-        try:
-            _load_all(slots)
-        finally:
-            loading.set()
         return create_app(self.config, slots)
 
 

@@ -241,7 +241,8 @@ def test_metrics_move(servers):
     assert count(after, "vllm_sr_runtime_questions_total") >= count(before, "vllm_sr_runtime_questions_total") + 3
     assert count(after, "vllm_sr_runtime_forward_duration_seconds_count") > count(before, "vllm_sr_runtime_forward_duration_seconds_count")
     assert 'vllm_sr_runtime_ready{model="synthetic-d3-tiny-s0"} 1.0' in after
-    assert "vllm_sr_runtime_model_info{" in after
+    # a package directory has no Hub revision: "local", as the log says (not Python's "None")
+    assert re.search(r'vllm_sr_runtime_model_info\{[^}]*model="synthetic-d3-tiny-s0"[^}]*revision="local"', after), after
 
 
 def test_failed_model_is_503_not_ready(packages, tmp_path):

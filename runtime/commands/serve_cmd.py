@@ -106,12 +106,18 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
 def run(args: argparse.Namespace) -> int:
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
-    config = build_config(args)
-    check_models(config)
+    config = checked_config(args)
     from vllm_sr_runtime.server.gunicorn_app import ServeApplication
 
-    ServeApplication(config).run()
+    # a reload (SIGHUP) reads the --models file again and checks it as a start does
+    ServeApplication(config, reread=lambda: checked_config(args)).run()
     return 0
+
+
+def checked_config(args: argparse.Namespace) -> ServeConfig:
+    config = build_config(args)
+    check_models(config)
+    return config
 
 
 def register(sub) -> None:

@@ -8,9 +8,11 @@ import shutil
 import stat
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.server.config import ServeConfig, checked_uds_path
@@ -39,25 +41,69 @@ def prepare_uds(path: str) -> str:
 ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms request_id=%({x-request-id}o)s'
 
 
+class ServeArbiter(Arbiter):
+    """gunicorn's master, but a reload (SIGHUP) retires the old workers only once the new ones have settled (each
+    model ready or failed), so the old ones serve meanwhile instead of the socket going unanswered for a load."""
+
+    def newest_have_settled(self) -> bool:
+        newest = sorted(self.WORKERS.values(), key=lambda worker: worker.age)[-self.num_workers :]
+        return all(self.app.has_settled(worker.pid) for worker in newest)
+
+    def manage_workers(self) -> None:
+        if len(self.WORKERS) > self.num_workers and not self.newest_have_settled():
+            return
+        super().manage_workers()
+
+    def reap_workers(self) -> None:
+        super().reap_workers()
+        # reload() waits for the old workers to go (reaping, up to graceful_timeout): retire them once the new settled
+        if len(self.WORKERS) > self.num_workers and self.newest_have_settled():
+            super().manage_workers()
+
+
 class ServeApplication(BaseApplication):
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, reread: Callable[[], ServeConfig] | None = None):
+        """`reread` builds the configuration again (the --models file read anew) for a reload (SIGHUP)."""
         self.config = config
+        self.reread = reread
+        self.configured = False
         self.metrics_dir = tempfile.mkdtemp(prefix="vllm-sr-runtime-metrics-")
+        self.settled_dir = Path(tempfile.mkdtemp(prefix="vllm-sr-runtime-settled-"))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
         super().__init__()
 
+    def has_settled(self, pid: int) -> bool:
+        return (self.settled_dir / str(pid)).exists()
+
+    def reread_config(self) -> None:
+        """A reload's configuration; one that cannot be read or checked keeps the models served before (gunicorn
+        would stop the master on any error here)."""
+        try:
+            self.config = self.reread()
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the server keeps serving what it had
+            logging.getLogger("gunicorn.error").error("reload: the configuration was not changed, keeping the models served before: %s", exc)
+        else:
+            names = ", ".join(spec.served_name() for spec in self.config.models)
+            logging.getLogger("gunicorn.error").info("reload: serving %s", names)
+
     def load_config(self) -> None:
+        if self.configured and self.reread is not None:
+            self.reread_config()
+        self.configured = True
         config = self.config
         bind = ([f"unix:{prepare_uds(config.uds)}"] if config.uds else []) + ([f"{config.host}:{config.port}"] if config.port is not None else [])
         metrics_dir = self.metrics_dir
+        settled_dir = self.settled_dir
 
         def child_exit(server, worker) -> None:
             from prometheus_client import multiprocess
 
             multiprocess.mark_process_dead(worker.pid, metrics_dir)
+            (settled_dir / str(worker.pid)).unlink(missing_ok=True)
 
         def post_fork(server, worker) -> None:
             ServeApplication.current_worker = worker
+            ServeApplication.others_at_fork = len(server.WORKERS)  # the workers that serve while this one starts
 
         settings = {
             "bind": bind,
@@ -82,6 +128,7 @@ class ServeApplication(BaseApplication):
             self.cfg.set(key, value)
 
     current_worker = None
+    others_at_fork = 0
 
     def run(self) -> None:
         """gunicorn's master; its metrics folder is removed here however it ends (gunicorn's on_exit hook is skipped
@@ -89,18 +136,22 @@ class ServeApplication(BaseApplication):
         master removes."""
         master = os.getpid()
         try:
-            super().run()
+            ServeArbiter(self).run()
+        except RuntimeError as exc:
+            raise SystemExit(f"\nError: {exc}\n") from None  # as gunicorn's own run() ends
         finally:
             if os.getpid() == master:
                 shutil.rmtree(self.metrics_dir, ignore_errors=True)
+                shutil.rmtree(self.settled_dir, ignore_errors=True)
 
     def load(self):
         """Runs in each worker after fork. A worker of the server's first start answers while its models load:
         `/health/live` 200, `/health` 503 with each model's state (the try and last error of a retried load),
         requests 503 with Retry-After, instead of connections that hang until every model is loaded; so does the
-        replacement of a lone worker (nothing else could answer). A worker that replaces one of several (a crash,
-        a reload) loads before it accepts connections, so it never answers 503 while its siblings serve; a
-        heartbeat keeps gunicorn from timing it out meanwhile."""
+        replacement of a lone worker (nothing else could answer). A later worker started while others serve (the
+        replacement of one of several, or any worker of a reload, whose old workers serve until it has settled)
+        loads before it accepts connections, so it never answers 503 while they serve; a heartbeat keeps gunicorn
+        from timing it out meanwhile. Each worker leaves a mark in `settled_dir` once its models have settled."""
         from vllm_sr_runtime.server.app import create_app
         from vllm_sr_runtime.server.slots import ModelSlot
 
@@ -108,29 +159,31 @@ class ServeApplication(BaseApplication):
         names = [spec.served_name() for spec in self.config.models]
         slots = [ModelSlot(spec, self.config, name) for spec, name in zip(self.config.models, names)]
         worker = ServeApplication.current_worker
-        # gunicorn numbers workers 1, 2, ... as it spawns them: a higher number replaces one
-        replaces_one_of_several = worker is not None and worker.age > self.config.workers > 1
-        if replaces_one_of_several:
+        mark = self.settled_dir / str(os.getpid())
+        # gunicorn numbers workers 1, 2, ... as it spawns them: a higher number replaces one, or is a reload's
+        started_while_others_serve = worker is not None and worker.age > self.config.workers and ServeApplication.others_at_fork > 0
+        if started_while_others_serve:
             loading = threading.Event()
             threading.Thread(target=_heartbeat, args=(worker, loading), daemon=True).start()
             try:
-                _load_all(slots)
+                _load_all(slots, mark)
             finally:
                 loading.set()
         else:
-            threading.Thread(target=_load_all, args=(slots,), name="model-load", daemon=True).start()
+            threading.Thread(target=_load_all, args=(slots, mark), name="model-load", daemon=True).start()
         return create_app(self.config, slots)
 
 
-def _load_all(slots) -> None:
+def _load_all(slots, settled_mark: Path) -> None:
     """Every slot's load in a thread of its own, one model loading at a time: a model waiting out a retry's
-    back-off (a Hub that does not answer) does not hold the others back."""
+    back-off (a Hub that does not answer) does not hold the others back. Marks the worker settled at the end."""
     one_at_a_time = threading.Lock()
     threads = [threading.Thread(target=slot.load, args=(one_at_a_time,), name=f"load-{slot.name}", daemon=True) for slot in slots]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    settled_mark.touch()
 
 
 def _heartbeat(worker, done: threading.Event) -> None:

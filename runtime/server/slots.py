@@ -116,13 +116,14 @@ class ModelSlot:
         )
         self.model = model
         card = model.card()
+        revision = card.get("revision") or "local"  # a package directory has no Hub revision
         metrics.MODEL_INFO.labels(
-            model=self.name, revision=str(card.get("revision")), family=card["family"], engine=card["engine"],
+            model=self.name, revision=revision, family=card["family"], engine=card["engine"],
             device=card["device"], profile=self.profile,
         ).set(1)  # fmt: skip
         metrics.READY.labels(model=self.name).set(1)
         self.state = "ready"
-        log.info("model %s ready (%s at revision %s, %s on %s)", self.name, card["family"], card.get("revision") or "local", card["engine"], card["device"])
+        log.info("model %s ready (%s at revision %s, %s on %s)", self.name, card["family"], revision, card["engine"], card["device"])
 
     def observe_batch(self, batch, labels: dict) -> None:
         rows, tokens = self.model.family.pass_size(batch)

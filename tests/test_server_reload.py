@@ -1,0 +1,69 @@
+"""A reload (SIGHUP to serve's master): the --models file is read again, the old workers serve until the new ones
+have loaded, and a file that cannot be used keeps the models served before."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from hub_server import HubServer
+from server_harness import Server
+
+STATE = "Merge two sorted lists."
+QUESTION = {"a": {"type": "noul", "instructions": "Is this about code?"}}
+REVISION = "0123456789abcdef" * 2 + "01234567"
+
+
+def served(server: Server) -> list[str]:
+    return [model["id"] for model in server.request("GET", "/v1/models").json()["data"]]
+
+
+def until_replaced(server: Server, old: list[int], timeout: float = 120) -> list[int]:
+    """Statuses of requests for model `first`, sent while the reload's new workers load, until every old worker is gone."""
+    statuses, deadline = [], time.time() + timeout
+    while time.time() < deadline and set(old) & set(server.workers()):
+        statuses.append(server.post({"model": "first", "state": STATE, "questions": QUESTION}).status)
+        time.sleep(0.2)
+    assert not set(old) & set(server.workers()), f"the old workers {old} still run: {server.tail()}"
+    return statuses
+
+
+def test_a_reload_reads_the_models_file_again_while_the_old_worker_serves(packages, tmp_path: Path):
+    models = tmp_path / "models.yaml"
+    first = f"models:\n  - model: {packages['d3']}\n    name: first\n"
+    models.write_text(first)
+    with HubServer() as hub:
+        # the added model comes from a loopback Hub whose listings answer after 5 s: a load long enough to be seen
+        hub.add("synthetic/d2-tiny", REVISION, packages["d2_qwen3"])
+        hub.listing_delay_s = 5.0
+        server = Server(
+            ["--models", str(models), "--device", "cpu", "--workers", "1", "--cache-dir", str(tmp_path / "cache")],
+            env={"HF_ENDPOINT": hub.endpoint}, log=tmp_path / "log",
+        )  # fmt: skip
+        try:
+            server.wait()
+            assert served(server) == ["first"]
+            old = server.workers()
+            models.write_text(first + f"  - model: synthetic/d2-tiny\n    revision: \"{REVISION}\"\n    name: second\n")
+            os.kill(server.process.pid, signal.SIGHUP)
+            statuses = until_replaced(server, old)
+            # the old worker answered every request while the new one loaded: no 503 "loading", no refused connection
+            assert len(statuses) >= 10 and set(statuses) == {200}, statuses
+            server.wait()
+            assert served(server) == ["first", "second"]
+            reply = server.post({"model": "second", "state": STATE, "questions": QUESTION})
+            assert reply.status == 200 and "noul" in reply.json()["answers"]["a"]
+
+            # a file that cannot be read, or names a model that is not there: the master keeps what it served
+            for broken in ("models: [\n", f"models:\n  - model: {tmp_path / 'nothing-here'}\n"):
+                models.write_text(broken)
+                old = server.workers()
+                os.kill(server.process.pid, signal.SIGHUP)
+                assert set(until_replaced(server, old)) <= {200}
+                server.wait()
+                assert server.process.poll() is None and served(server) == ["first", "second"]
+            assert server.tail().count("keeping the models served before") == 2
+        finally:
+            server.stop()

@@ -6,13 +6,19 @@ answers. Imports are lazy so the CLI (and the gunicorn master) start without tor
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:  # type checkers and editors see the real signature; at run time torch loads on the first call
+    from vllm_sr_runtime.model import DecisionModel, load
+else:
 
-def load(*args: Any, **kwargs: Any):
-    from vllm_sr_runtime.model import load as _load
+    def load(*args: Any, **kwargs: Any):
+        """Resolve and verify a package, build the profile's engine, return a model whose `ask(state, questions)`
+        answers. The parameters and their documentation: `help(vllm_sr_runtime.model.load)` (importing it loads
+        torch, which this lazy entry defers to the first call)."""
+        from vllm_sr_runtime.model import load as model_load
 
-    return _load(*args, **kwargs)
+        return model_load(*args, **kwargs)
 
 
 def __getattr__(name: str):

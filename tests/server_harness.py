@@ -42,6 +42,14 @@ def unloadable_copy(package: Path, out: Path) -> Path:
     return out
 
 
+def metric_total(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` in a Prometheus text page whose labels include `labels`."""
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") and all(label in line for label in wanted)
+    )
+
+
 class Server:
     def __init__(self, args: list[str], *, uds: str | None = None, env: dict | None = None, log: Path | None = None):
         self.uds = uds

@@ -13,7 +13,7 @@ import vllm_sr_runtime
 from vllm_sr_runtime.bench.flops import GemmCeilings
 from vllm_sr_runtime.export.exporter import export_package
 from hub_server import HubServer
-from server_harness import Server, unloadable_copy
+from server_harness import Server, metric_total, unloadable_copy
 
 ROW_FIELDS = {"profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "fraction_of_limit"}
 
@@ -133,8 +133,12 @@ def test_bench_http(packages, tmp_path):
                 capture_output=True, text=True, timeout=300,
             )  # fmt: skip
             assert result.returncode == 0, result.stderr[-2000:]
+            metrics = server.request("GET", "/metrics").body.decode()
         finally:
             server.stop()
+    # every request is new to the server's result cache: bench measures the model, not the cache
+    hits, misses = (metric_total(metrics, "vllm_sr_runtime_result_cache_questions_total", outcome=outcome) for outcome in ("hit", "miss"))
+    assert hits == 0 and misses > 0, (hits, misses)
     assert result.stdout.splitlines()[0].split()[-1] == "errors"  # the table shows failed requests too
     report = json.loads((out / "bench.json").read_text())
     rows = report["rows"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import random
 import socket
@@ -18,6 +19,13 @@ TEMPLATES = [
     {"state": "Plan a three-day trip to Kyoto on a budget.", "questions": {f"q{i}": {"type": "noul", "instructions": f"Does it mention topic {i}?"} for i in range(4)}},
 ]
 MAX_REQUESTS_PER_CLIENT = 10_000
+
+
+def distinct_request(template: dict, number: int) -> dict:
+    """The template with the request's own number in its state: the server's result cache answers rows it has
+    seen without a forward pass, so repeated bodies would measure the cache, not the model."""
+    state = template["state"]
+    return {**template, "state": {**state, "request": number} if isinstance(state, dict) else f"{state} (request {number})"}
 
 
 class UnixConnection(http.client.HTTPConnection):
@@ -74,6 +82,7 @@ def run_http(
     url: str | None, uds: str | None, concurrency: list[int], duration: float, progress, on_wait=None, settle_timeout_s: float = 900.0
 ) -> list[dict]:
     wait_until_settled(url, uds, settle_timeout_s, on_wait)
+    numbers = itertools.count()  # one sequence for the whole run: the cache outlives a concurrency level
     rows = []
     for clients in concurrency:
         latencies: list[float] = []
@@ -87,7 +96,7 @@ def run_http(
             for _ in range(MAX_REQUESTS_PER_CLIENT):
                 if time.time() >= end:
                     break
-                body = json.dumps(rng.choice(TEMPLATES)).encode()
+                body = json.dumps(distinct_request(rng.choice(TEMPLATES), next(numbers))).encode()
                 start = time.perf_counter()
                 try:
                     conn.request("POST", "/v1/systemone", body=body, headers={"Content-Type": "application/json"})

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from vllm_sr_runtime.cli_values import counts, ranged
+from vllm_sr_runtime.export.export_options import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, SUPPORTED_DTYPES, VARIANTS
 from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, MOSTLY_FP32_SHARE, WEIGHT_BITS_CHOICES
 
 
@@ -120,13 +121,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from vllm_sr_runtime.export.exporter import DEFAULT_OPSET, DTYPES, MAX_OPSET, MIN_OPSET, VARIANTS
-
     parser = sub.add_parser("export", help="export a verified package to an ONNX artifact (readout inside)")
     parser.add_argument("package", help="PATH, REPO (a pinned release) or REPO@REV")
     parser.add_argument("--out", required=True, help="artifact directory (written atomically)")
     parser.add_argument("--variant", default="contrib", choices=VARIANTS, help="contrib: com.microsoft fused GDN ops; portable: standard ops only, one static-length graph per --lengths (MIGraphX)")
-    parser.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    parser.add_argument("--dtype", default="fp32", choices=list(SUPPORTED_DTYPES))
     parser.add_argument("--opset", type=ranged(int, MIN_OPSET, MAX_OPSET), default=DEFAULT_OPSET)
     parser.add_argument(
         "--shared-context", action="store_true",

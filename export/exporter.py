@@ -28,20 +28,13 @@ from vllm_sr_runtime.accelerators import CUDA
 from vllm_sr_runtime.close_calls import margin_for
 from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, widest_int8_weight_bits
 from vllm_sr_runtime.errors import ArtifactError
+from vllm_sr_runtime.export.export_options import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, PORTABLE_DTYPES, SUPPORTED_DTYPES, VARIANTS
 from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.base import Family
 from vllm_sr_runtime.numerics import Numerics
 from vllm_sr_runtime.packages.resolve import resolve_package
 
-VARIANTS = ("contrib", "portable")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.float32}
-SUPPORTED_DTYPES = ("fp32", "fp16", "bf16", "int8")  # int8: dynamic (activation) x signed int8 weight MatMuls on the CPU EP
-# bf16 is for the CUDA provider's contrib kernels; int8's MatMulInteger with zero points and
-# DynamicQuantizeLinear are not in the MIGraphX provider's list.
-PORTABLE_DTYPES = ("fp32", "fp16")
-DEFAULT_OPSET = 23
-# torch.onnx's exporter writes nothing below 18; at 26 its Attention node fails the ONNX checker (torch 2.13, onnx 1.23)
-MIN_OPSET, MAX_OPSET = 18, 25
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 SHARED_MODEL_FILE, SHARED_DATA_FILE = "model_shared.onnx", "model_shared.onnx.data"  # its own weights only
 RUNTIME_FILES = (

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_sr_runtime.cpu_threads import cpu_affinity
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.report_folders import prepare_report_folder, write_report_file
 from vllm_sr_runtime.server.config import checked_uds_path
@@ -76,7 +77,7 @@ def devices_found() -> dict:
     auto = parse_device("auto")
     return {
         "host": platform.node(),
-        "cpu_threads": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_threads": cpu_affinity(),
         "torch": torch.__version__,
         "torch_gpu": "rocm" if getattr(torch.version, "hip", None) else ("cuda" if torch.cuda.is_available() else None),
         "gpus": gpus,

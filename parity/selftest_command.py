@@ -30,14 +30,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from vllm_sr_runtime.export.exporter import DTYPES
+    from vllm_sr_runtime.export.export_options import SUPPORTED_DTYPES
     from vllm_sr_runtime.parity.selftest import FIXTURES
 
     parser = sub.add_parser("selftest", help="validate this host: devices, parity per dtype, latency, serve throughput")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | rocm[:N]")
     parser.add_argument("--out", default="selftest", help="where fixtures, artifacts and selftest.json go")
     parser.add_argument("--fixtures", type=choice_list(FIXTURES, "fixture"), default=",".join(FIXTURES), help=f"tiny fixtures to check (default all: {','.join(FIXTURES)})")
-    parser.add_argument("--dtypes", type=choice_list(DTYPES, "dtype"), help="artifact dtypes (default: every dtype the device's provider runs)")
+    parser.add_argument("--dtypes", type=choice_list(SUPPORTED_DTYPES, "dtype"), help="artifact dtypes (default: every dtype the device's provider runs)")
     parser.add_argument(
         "--real-dimension", action=argparse.BooleanOptionalAction, default=None,
         help="also a real-dimension Decision 3.0 nano fixture, measured for latency and serving (default: on a GPU)",

@@ -28,9 +28,9 @@ def machine() -> dict:
     import onnxruntime
     import torch
 
-    from vllm_sr_runtime.engines.onnxruntime import cpu_threads
+    from vllm_sr_runtime.cpu_threads import cpu_affinity
 
-    return {"cpu": model_name, "cpus_in_affinity": cpu_threads(), "platform": platform.platform(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "torch_threads": torch.get_num_threads()}
+    return {"cpu": model_name, "cpus_in_affinity": cpu_affinity(), "platform": platform.platform(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "torch_threads": torch.get_num_threads()}
 
 
 def print_table(rows: list[dict]) -> None:

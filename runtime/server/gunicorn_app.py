@@ -14,6 +14,7 @@ from pathlib import Path
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
+from vllm_sr_runtime.cpu_threads import cpu_threads
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.server.config import ServeConfig, checked_uds_path
 
@@ -156,6 +157,7 @@ class ServeApplication(BaseApplication):
         from vllm_sr_runtime.server.slots import ModelSlot
 
         logging.basicConfig(level=self.config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("vllm_sr_runtime.server").info("worker %d computes on %d CPU threads", os.getpid(), cpu_threads())
         names = [spec.served_name() for spec in self.config.models]
         slots = [ModelSlot(spec, self.config, name) for spec, name in zip(self.config.models, names)]
         worker = ServeApplication.current_worker

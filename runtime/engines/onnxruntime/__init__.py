@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
+from vllm_sr_runtime.cpu_threads import cpu_threads
 from vllm_sr_runtime.engines.onnxruntime.providers import provider_start_error, select_provider
 from vllm_sr_runtime.errors import ArtifactError, UnsupportedDeviceError
 
 log = logging.getLogger(__name__)
-
-
-def cpu_threads() -> int:
-    """The process's CPU affinity, not the host's CPU count (containers, cpusets)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 def session_options(device_kind: str):

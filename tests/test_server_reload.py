@@ -67,3 +67,21 @@ def test_a_reload_reads_the_models_file_again_while_the_old_worker_serves(packag
             assert server.tail().count("keeping the models served before") == 2
         finally:
             server.stop()
+
+
+def test_a_reload_keeps_serving_on_its_unix_socket(packages, tmp_path: Path):
+    folder = tmp_path / "sock"
+    folder.mkdir(mode=0o700)
+    server = Server([str(packages["d3"]), "--device", "cpu"], uds=str(folder / "serve.sock"), log=tmp_path / "log")
+    try:
+        server.wait()
+        old = server.workers()
+        os.kill(server.process.pid, signal.SIGHUP)
+        deadline = time.time() + 120
+        while time.time() < deadline and set(old) & set(server.workers()):
+            time.sleep(0.2)
+        assert (folder / "serve.sock").is_socket()
+        server.wait()
+        assert server.post({"state": STATE, "questions": QUESTION}).status == 200
+    finally:
+        server.stop()

@@ -88,11 +88,14 @@ class ServeApplication(BaseApplication):
             logging.getLogger("gunicorn.error").info("reload: serving %s", names)
 
     def load_config(self) -> None:
-        if self.configured and self.reread is not None:
+        if not self.configured:
+            config = self.config
+            # once: a reload keeps its listeners, and preparing the socket again would unlink the one they serve
+            self.bind = ([f"unix:{prepare_uds(config.uds)}"] if config.uds else []) + ([f"{config.host}:{config.port}"] if config.port is not None else [])
+        elif self.reread is not None:
             self.reread_config()
         self.configured = True
-        config = self.config
-        bind = ([f"unix:{prepare_uds(config.uds)}"] if config.uds else []) + ([f"{config.host}:{config.port}"] if config.port is not None else [])
+        config, bind = self.config, self.bind
         metrics_dir = self.metrics_dir
         settled_dir = self.settled_dir
 

@@ -242,7 +242,8 @@ class Server:
         body = self.read_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes)
         tasks, default_deadline = self.validate_bundle(body)
         queued: list[tuple[Call, Any] | dict] = []  # a call on its way, or the task's result when it failed first
-        for task in tasks:
+        where = [f"request {request_id(req)} task {index}" for index in range(len(tasks))]
+        for index, task in enumerate(tasks):
             try:
                 size = len(orjson.dumps(task["body"]))
                 if size > self.config.max_request_bytes:
@@ -252,16 +253,16 @@ class Server:
                 call = self.prepare(task["body"], started, default_deadline)
                 queued.append((call, self.submit(call)))
             except Exception as exc:  # the task's own error, as it would be answered alone
-                queued.append(error_result(exc))
+                queued.append(error_result(exc, where[index]))
         results = []
-        for entry in queued:
+        for index, entry in enumerate(queued):
             if isinstance(entry, dict):
                 results.append(entry)
                 continue
             try:
                 results.append({"status": 200, "body": self.finish(*entry)[0]})
             except Exception as exc:
-                results.append(error_result(exc))
+                results.append(error_result(exc, where[index]))
         metrics.BUNDLE_TASKS.observe(len(tasks))
         for result, task in zip(results, tasks):
             metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
@@ -381,6 +382,8 @@ class RequestMetrics:
 
     def process_request(self, req, resp) -> None:
         req.context.started = time.perf_counter()
+        # the client's id, or one of ours: the response carries it, and a failure's log line names it
+        req.context.request_id = req.get_header("X-Request-Id") or uuid.uuid4().hex
 
     def process_response(self, req, resp, resource, req_succeeded) -> None:
         endpoint = req.path if req.path in self.ENDPOINTS else "other"
@@ -388,23 +391,28 @@ class RequestMetrics:
         metrics.REQUESTS.labels(endpoint=endpoint, status=status).inc()
         if hasattr(req.context, "started"):
             metrics.REQUEST_SECONDS.labels(endpoint=endpoint).observe(time.perf_counter() - req.context.started)
-        resp.set_header("X-Request-Id", req.get_header("X-Request-Id") or uuid.uuid4().hex)
+        resp.set_header("X-Request-Id", request_id(req))
 
 
-def error_response(error: Exception) -> tuple[int, dict]:
-    """The status and `{"error": {"code", "message"}}` envelope of any error (the one place they are made)."""
+def request_id(req: falcon.Request) -> str:
+    return getattr(req.context, "request_id", None) or req.get_header("X-Request-Id") or uuid.uuid4().hex
+
+
+def error_response(error: Exception, where: str) -> tuple[int, dict]:
+    """The status and `{"error": {"code", "message"}}` envelope of any error (the one place they are made). An
+    unexpected one is logged with its traceback and `where` (the request id), which its 500's message names too."""
     if isinstance(error, RuntimeServiceError):
         return error.status, error.envelope()
     if isinstance(error, falcon.HTTPError):
         code = {404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}.get(error.status_code, "invalid_request")
         return error.status_code, {"error": {"code": code, "message": error.title + (f": {error.description}" if error.description else "")}}
-    log.exception("internal error: %s", error)
-    return 500, {"error": {"code": "internal_error", "message": f"{type(error).__name__}: the server failed on this request"}}
+    log.error("internal error (%s): %s", where, error, exc_info=error)
+    return 500, {"error": {"code": "internal_error", "message": f"{type(error).__name__}: the server failed on this request ({where}; the server's log has the details)"}}
 
 
-def error_result(error: Exception) -> dict:
+def error_result(error: Exception, where: str) -> dict:
     """A bundle task's result for an error: the status and envelope it would get alone."""
-    status, envelope = error_response(error)
+    status, envelope = error_response(error, where)
     return {"status": status, "body": envelope}
 
 
@@ -418,7 +426,7 @@ def _routing_hint(req: falcon.Request, error: Exception) -> str:
 
 
 def _handle_error(req: falcon.Request, resp: falcon.Response, error: Exception, params) -> None:
-    status, envelope = error_response(error)
+    status, envelope = error_response(error, f"request {request_id(req)}")
     if status in (404, 405):
         envelope["error"]["message"] += _routing_hint(req, error)
     _json(resp, status, envelope)

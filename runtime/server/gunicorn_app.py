@@ -38,6 +38,7 @@ def prepare_uds(path: str) -> str:
     return str(socket_path)
 
 
+WORKER_LOG_FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
 # gunicorn's atoms: client, request line, status, response bytes, milliseconds, and the X-Request-Id the response carries
 ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms request_id=%({x-request-id}o)s'
 
@@ -159,8 +160,9 @@ class ServeApplication(BaseApplication):
         from vllm_sr_runtime.server.app import create_app
         from vllm_sr_runtime.server.slots import ModelSlot
 
-        logging.basicConfig(level=self.config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        logging.getLogger("vllm_sr_runtime.server").info("worker %d computes on %d CPU threads", os.getpid(), cpu_threads())
+        # gunicorn's own line shape, the worker's pid included: with several workers each line says whose it is
+        logging.basicConfig(level=self.config.log_level.upper(), format=WORKER_LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S %z")
+        logging.getLogger("vllm_sr_runtime.server").info("this worker computes on %d CPU thread(s)", cpu_threads())
         names = [spec.served_name() for spec in self.config.models]
         slots = [ModelSlot(spec, self.config, name) for spec, name in zip(self.config.models, names)]
         worker = ServeApplication.current_worker

@@ -90,9 +90,9 @@ class ServeApplication(BaseApplication):
 
     def load_config(self) -> None:
         if not self.configured:
-            config = self.config
             # once: a reload keeps its listeners, and preparing the socket again would unlink the one they serve
-            self.bind = ([f"unix:{prepare_uds(config.uds)}"] if config.uds else []) + ([f"{config.host}:{config.port}"] if config.port is not None else [])
+            uds, host, port = self.config.uds, self.config.host, self.config.port
+            self.bind = ([f"unix:{prepare_uds(uds)}"] if uds else []) + ([f"{host}:{port}"] if port is not None else [])
         elif self.reread is not None:
             self.reread_config()
         self.configured = True

@@ -21,6 +21,9 @@ def git_blob_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+PINNED_REVISION = "0123456789abcdef" * 2 + "01234567"  # a full 40-hex commit the tests pin their loopback repos at
+
+
 class HubServer:
     def __init__(self) -> None:
         self.repos: dict[tuple[str, str], Path] = {}

@@ -12,7 +12,7 @@ import pytest
 import vllm_sr_runtime
 from vllm_sr_runtime.bench.flops import GemmCeilings
 from vllm_sr_runtime.export.exporter import export_package
-from hub_server import HubServer
+from hub_server import PINNED_REVISION, HubServer
 from server_harness import Server, metric_total, unloadable_copy
 
 ROW_FIELDS = {"profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "fraction_of_limit"}
@@ -117,7 +117,7 @@ def test_the_profile_counts_each_products_work_from_its_shapes(form, tmp_path):
 def test_bench_http(packages, tmp_path):
     """Started while the server's model is still loading (from a slow Hub: /health 503 "loading"), bench waits
     for it: not one of its requests may be a 503."""
-    revision = "0123456789abcdef" * 2 + "01234567"
+    revision = PINNED_REVISION
     with HubServer() as hub:
         hub.add("synthetic/d3-tiny", revision, packages["d3"])
         hub.listing_delay_s = 15.0

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from hub_server import HubServer
+from hub_server import PINNED_REVISION, HubServer
 from vllm_sr_runtime.errors import PackageError
 from vllm_sr_runtime.families import detect_family, open_family
 from vllm_sr_runtime.packages.releases import RELEASES
 from vllm_sr_runtime.packages.resolve import resolve_package
 
-REVISION = "0123456789abcdef0123456789abcdef01234567"
+REVISION = PINNED_REVISION
 
 
 @pytest.fixture()

@@ -12,7 +12,8 @@ import pytest
 import vllm_sr_runtime
 from conftest import load_kwargs
 from vllm_sr_runtime.export.exporter import export_package
-from server_harness import Contract, Server, free_port, unloadable_copy
+from hub_server import PINNED_REVISION, HubServer
+from server_harness import Contract, Server, free_port, metric_total, unloadable_copy
 
 CONTRACT = Contract()
 STATE = "Write a Python function that merges two sorted lists and explain its running time."
@@ -230,16 +231,13 @@ def test_expired_deadline_answers_deadline_exceeded(servers):
 def test_metrics_move(servers):
     server = servers[("d3", "exact")]
 
-    def count(text: str, prefix: str) -> float:
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
-
     before = server.request("GET", "/metrics").body.decode()
     checked(server, "POST", "/v1/systemone", {"state": STATE, "questions": QUESTIONS})
     after = checked(server, "GET", "/metrics").body.decode()
-    key = 'vllm_sr_runtime_requests_total{endpoint="/v1/systemone",status="200"}'
-    assert count(after, key) == count(before, key) + 1
-    assert count(after, "vllm_sr_runtime_questions_total") >= count(before, "vllm_sr_runtime_questions_total") + 3
-    assert count(after, "vllm_sr_runtime_forward_duration_seconds_count") > count(before, "vllm_sr_runtime_forward_duration_seconds_count")
+    ok = {"endpoint": "/v1/systemone", "status": "200"}
+    assert metric_total(after, "vllm_sr_runtime_requests_total", **ok) == metric_total(before, "vllm_sr_runtime_requests_total", **ok) + 1
+    assert metric_total(after, "vllm_sr_runtime_questions_total") >= metric_total(before, "vllm_sr_runtime_questions_total") + 3
+    assert metric_total(after, "vllm_sr_runtime_forward_duration_seconds_count") > metric_total(before, "vllm_sr_runtime_forward_duration_seconds_count")
     assert 'vllm_sr_runtime_ready{model="synthetic-d3-tiny-s0"} 1.0' in after
     # a package directory has no Hub revision: "local", as the log says (not Python's "None")
     assert re.search(r'vllm_sr_runtime_model_info\{[^}]*model="synthetic-d3-tiny-s0"[^}]*revision="local"', after), after
@@ -269,7 +267,7 @@ def test_the_first_start_answers_while_its_models_load(packages, tmp_path):
     while its download is tried again; the other fails at once."""
     broken = unloadable_copy(packages["d3"], tmp_path / "broken")
     broken_name = json.loads((broken / "MODEL_MANIFEST.json").read_text())["model_name"]
-    hub_model = f"synthetic/d3-tiny@{'0123456789abcdef' * 2}01234567"
+    hub_model = f"synthetic/d3-tiny@{PINNED_REVISION}"
     server = Server(
         [hub_model, str(broken), "--device", "cpu", "--load-attempts", "3", "--load-retry-seconds", "30", "--cache-dir", str(tmp_path / "cache")],
         env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}, log=tmp_path / "log",
@@ -303,9 +301,7 @@ def test_a_lone_workers_replacement_answers_while_it_loads(packages, tmp_path):
     listing answers after 10 s), so the replacement's load is long enough to be seen."""
     import signal
 
-    from hub_server import HubServer
-
-    revision = "0123456789abcdef" * 2 + "01234567"
+    revision = PINNED_REVISION
     with HubServer() as hub:
         hub.add("synthetic/d3-tiny", revision, packages["d3"])
         hub.listing_delay_s = 10.0

@@ -8,12 +8,12 @@ import signal
 import time
 from pathlib import Path
 
-from hub_server import HubServer
+from hub_server import PINNED_REVISION, HubServer
 from server_harness import Server
 
 STATE = "Merge two sorted lists."
 QUESTION = {"a": {"type": "noul", "instructions": "Is this about code?"}}
-REVISION = "0123456789abcdef" * 2 + "01234567"
+REVISION = PINNED_REVISION
 
 
 def served(server: Server) -> list[str]:

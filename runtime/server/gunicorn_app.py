@@ -74,8 +74,12 @@ class ServeApplication(BaseApplication):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
         super().__init__()
 
+    def settled_mark(self, pid: int) -> Path:
+        """The file a worker leaves once its models have settled (ready or failed)."""
+        return self.settled_dir / str(pid)
+
     def has_settled(self, pid: int) -> bool:
-        return (self.settled_dir / str(pid)).exists()
+        return self.settled_mark(pid).exists()
 
     def reread_config(self) -> None:
         """A reload's configuration; one that cannot be read or checked keeps the models served before (gunicorn
@@ -98,13 +102,13 @@ class ServeApplication(BaseApplication):
         self.configured = True
         config, bind = self.config, self.bind
         metrics_dir = self.metrics_dir
-        settled_dir = self.settled_dir
+        settled_mark = self.settled_mark
 
         def child_exit(server, worker) -> None:
             from prometheus_client import multiprocess
 
             multiprocess.mark_process_dead(worker.pid, metrics_dir)
-            (settled_dir / str(worker.pid)).unlink(missing_ok=True)
+            settled_mark(worker.pid).unlink(missing_ok=True)
 
         def post_fork(server, worker) -> None:
             ServeApplication.current_worker = worker
@@ -166,7 +170,7 @@ class ServeApplication(BaseApplication):
         names = [spec.served_name() for spec in self.config.models]
         slots = [ModelSlot(spec, self.config, name) for spec, name in zip(self.config.models, names)]
         worker = ServeApplication.current_worker
-        mark = self.settled_dir / str(os.getpid())
+        mark = self.settled_mark(os.getpid())
         # gunicorn numbers workers 1, 2, ... as it spawns them: a higher number replaces one, or is a reload's
         started_while_others_serve = worker is not None and worker.age > self.config.workers and ServeApplication.others_at_fork > 0
         if started_while_others_serve:

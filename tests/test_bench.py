@@ -150,6 +150,43 @@ def test_bench_http(packages, tmp_path):
     assert "waiting for the server's models to load" in result.stderr
 
 
+def test_bench_http_spreads_over_every_served_model(packages, tmp_path):
+    """A server of several models answers 400 to a request that names none: bench names one in each request, by
+    default every ready model in turn, or the ones asked for. A run in which the server answered no request
+    fails with the server's own error, and writes no report."""
+    models = tmp_path / "models.yaml"
+    models.write_text(f"- model: {packages['d3']}\n  name: first\n- model: {packages['d2_qwen3']}\n  name: second\n")
+    server = Server(["--models", str(models), "--device", "cpu"], log=tmp_path / "log")
+
+    def bench(*args: str) -> tuple[subprocess.CompletedProcess, Path]:
+        out = tmp_path / f"bench-{len(list(tmp_path.iterdir()))}"
+        command = [sys.executable, "-m", "vllm_sr_runtime.cli", "bench", *args, "--mode", "http", "--url", f"http://127.0.0.1:{server.port}",
+                   "--concurrency", "2", "--duration", "1.5", "--out", str(out), "--quiet"]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, timeout=300), out / "bench.json"
+
+    try:
+        server.wait()
+        spread, spread_report = bench()
+        chosen, chosen_report = bench("second")
+        missing, missing_report = bench("first,nothere")
+        refused, refused_report = bench("nothere")
+    finally:
+        server.stop()
+    assert spread.returncode == 0 and chosen.returncode == 0, (spread.stderr[-2000:], chosen.stderr[-2000:])
+    [row] = json.loads(spread_report.read_text())["rows"]
+    assert row["errors"] == 0 and set(row["rps_per_model"]) == {"first", "second"} and min(row["rps_per_model"].values()) > 0
+    assert sum(row["rps_per_model"].values()) == pytest.approx(row["rps"])
+    [row] = json.loads(chosen_report.read_text())["rows"]
+    assert row["errors"] == 0 and list(row["rps_per_model"]) == ["second"] and row["rps"] > 0
+    # half its requests name a model the server does not serve: measured, with the server's answer kept
+    assert missing.returncode == 0, missing.stderr[-2000:]
+    [row] = json.loads(missing_report.read_text())["rows"]
+    assert row["errors"] > 0 and row["rps_per_model"]["first"] > 0 and row["rps_per_model"]["nothere"] == 0
+    assert "model_not_found" in row["first_errors"]["404"]
+    assert refused.returncode == 2 and "no request succeeded" in refused.stderr and "model_not_found" in refused.stderr, refused.stderr[-2000:]
+    assert not refused_report.exists()
+
+
 def test_bench_http_refuses_a_server_whose_models_failed(packages, tmp_path):
     broken = unloadable_copy(packages["d3"], tmp_path / "broken")
     server = Server([str(broken), "--device", "cpu"], log=tmp_path / "log")

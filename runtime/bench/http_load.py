@@ -9,6 +9,7 @@ import random
 import socket
 import threading
 import time
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -46,10 +47,11 @@ def _connection(url: str | None, uds: str | None, timeout: float) -> http.client
     return http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout)
 
 
-def wait_until_settled(url: str | None, uds: str | None, timeout_s: float = 900.0, on_wait=None) -> None:
+def wait_until_settled(url: str | None, uds: str | None, timeout_s: float = 900.0, on_wait=None) -> list[str] | None:
     """Something answers HTTP there (any status), and its models have settled: a server of the first start answers
     503 "loading" while they load, and every request of the load would count as an error meanwhile. A server whose
-    models all failed is refused; one with some ready (degraded) is measured as it serves."""
+    models all failed is refused; one with some ready (degraded) is measured as it serves. Returns the names of the
+    ready models, or None where what answers is not this runtime's /health."""
     deadline, told = time.monotonic() + timeout_s, False
     while True:
         conn = _connection(url, uds, timeout=10.0)
@@ -64,12 +66,12 @@ def wait_until_settled(url: str | None, uds: str | None, timeout_s: float = 900.
         try:
             health = json.loads(body)
         except ValueError:
-            return  # not this runtime's /health: measure what answers
+            return None  # not this runtime's /health: measure what answers
         status = health.get("status") if isinstance(health, dict) else None
         if status == "failed":
             raise ValueError(f"the server's models failed to load, nothing to measure: {json.dumps(health.get('models'))}")
         if status != "loading":
-            return
+            return ready_models(health)
         if time.monotonic() > deadline:
             raise ValueError(f"the server's models were still loading after {timeout_s:g} s: {json.dumps(health.get('models'))}")
         if on_wait is not None and not told:
@@ -78,15 +80,35 @@ def wait_until_settled(url: str | None, uds: str | None, timeout_s: float = 900.
         time.sleep(0.5)
 
 
+def ready_models(health: Any) -> list[str] | None:
+    models = health.get("models") if isinstance(health, dict) else None
+    if not isinstance(models, dict):
+        return None
+    return [name for name, entry in models.items() if isinstance(entry, dict) and entry.get("status") == "ready"]
+
+
+def targets(chosen: list[str] | None, ready: list[str] | None) -> list[str | None]:
+    """The model each request names, in turn: the ones asked for, else every ready model of the server (a server
+    of several answers 400 to a request that names none). None: the request names no model."""
+    if chosen:
+        return list(chosen)
+    return list(ready) if ready else [None]
+
+
 def run_http(
-    url: str | None, uds: str | None, concurrency: list[int], duration: float, progress, on_wait=None, settle_timeout_s: float = 900.0
+    url: str | None, uds: str | None, concurrency: list[int], duration: float, progress, on_wait=None, settle_timeout_s: float = 900.0,
+    models: list[str] | None = None,
 ) -> list[dict]:
-    wait_until_settled(url, uds, settle_timeout_s, on_wait)
+    """Closed-loop load at each concurrency; requests go to `models` in turn (default: every ready model). A level
+    at which no request succeeded stops the run with the server's first error: its numbers would measure nothing."""
+    names = targets(models, wait_until_settled(url, uds, settle_timeout_s, on_wait))
     numbers = itertools.count()  # one sequence for the whole run: the cache outlives a concurrency level
     rows = []
     for clients in concurrency:
         latencies: list[float] = []
         statuses: dict[str, int] = {}
+        answered = {name: 0 for name in names}
+        first_errors: dict[str, str] = {}
         lock = threading.Lock()
         end = time.time() + duration
 
@@ -96,15 +118,18 @@ def run_http(
             for _ in range(MAX_REQUESTS_PER_CLIENT):
                 if time.time() >= end:
                     break
-                body = json.dumps(distinct_request(rng.choice(TEMPLATES), next(numbers))).encode()
+                number = next(numbers)
+                name = names[number % len(names)]
+                request = distinct_request(rng.choice(TEMPLATES), number)
+                body = json.dumps(request if name is None else {"model": name, **request}).encode()
                 start = time.perf_counter()
                 try:
                     conn.request("POST", "/v1/systemone", body=body, headers={"Content-Type": "application/json"})
                     response = conn.getresponse()
-                    response.read()
+                    answer = response.read()
                     key = str(response.status)
-                except (OSError, http.client.HTTPException):
-                    key = "error"
+                except (OSError, http.client.HTTPException) as exc:
+                    key, answer = "error", repr(exc).encode()
                     conn.close()
                     conn = _connection(url, uds, timeout=max(30.0, duration))
                 elapsed = time.perf_counter() - start
@@ -112,6 +137,9 @@ def run_http(
                     statuses[key] = statuses.get(key, 0) + 1
                     if key == "200":
                         latencies.append(elapsed)
+                        answered[name] += 1
+                    elif key != "429":
+                        first_errors.setdefault(key, answer[:500].decode(errors="replace"))
             conn.close()
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -122,6 +150,8 @@ def run_http(
             thread.join(timeout=duration + 120)
         wall = time.perf_counter() - started
         ok = statuses.get("200", 0)
+        if ok == 0 and first_errors:
+            raise ValueError(f"no request succeeded at concurrency {clients} ({statuses}); the server answered: " + "; ".join(f"{k}: {v}" for k, v in first_errors.items()))
         rows.append(
             {
                 "profile": "server", "length": None, "questions": None, "concurrency": clients,
@@ -130,6 +160,7 @@ def run_http(
                 "p99_ms": float(np.quantile(latencies, 0.99)) * 1000 if latencies else None,
                 "rps": ok / wall, "ratio_to_exact": None, "gflops": None, "fraction_of_limit": None,
                 "statuses": statuses, "errors": sum(v for k, v in statuses.items() if k != "200" and k != "429"),
+                "first_errors": first_errors, "rps_per_model": {name: count / wall for name, count in answered.items() if name is not None},
             }
         )  # fmt: skip
         progress()

@@ -209,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
         concurrency = args.concurrency
         bar = tqdm(total=len(concurrency), desc="bench http", disable=args.quiet)
         result["target"] = args.url or f"unix:{args.uds}"
-        result["rows"] = run_http(args.url, args.uds, concurrency, args.duration, bar.update, on_wait=lambda text: print(text, file=sys.stderr))
+        served = [name for name in (args.model or "").split(",") if name] or None
+        result["rows"] = run_http(args.url, args.uds, concurrency, args.duration, bar.update, on_wait=lambda text: print(text, file=sys.stderr), models=served)
         bar.close()
     write_report_file(out / "bench.json", json.dumps(result, indent=2) + "\n")
     print_table(result["rows"])
@@ -251,7 +252,7 @@ def _artifacts_for(profile: str, artifacts: list) -> list:
 
 def register(sub) -> None:
     parser = sub.add_parser("bench", help="measure latency/throughput per profile (forward) or against a server (http)")
-    parser.add_argument("model", nargs="?", help="package (forward mode)")
+    parser.add_argument("model", nargs="?", help="forward, export: the package; http: the served model(s) to load, a comma list taken in turn (default: every model the server has ready)")
     parser.add_argument("--mode", default="forward", choices=["forward", "http", "export"], help="export: wall time and peak RSS of each export phase, each dtype in a child process")
     parser.add_argument("--profiles", type=choice_list(installed_profiles(), "profile"), default="exact,max_speed", help="forward: a comma list of profiles")
     parser.add_argument("--lengths", type=counts, default="64,128,512,2048", help="prompt lengths in tokens (a length below the prompt template's own runs at the template's)")

@@ -85,3 +85,58 @@ def test_a_reload_keeps_serving_on_its_unix_socket(packages, tmp_path: Path):
         assert server.post({"state": STATE, "questions": QUESTION}).status == 200
     finally:
         server.stop()
+
+
+def new_master(server: Server, timeout: float = 60) -> int:
+    """The master a binary upgrade (USR2) started: the old master's child that has children (its workers)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for pid in server.workers():
+            if Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+                return pid
+        time.sleep(0.2)
+    raise TimeoutError(f"no new master after USR2: {server.tail()}")
+
+
+def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packages, tmp_path: Path):
+    """USR2 starts a new master on the old one's listeners. Before, the new master unlinked the socket the two share
+    (the server was unreachable once the old one stopped), and its worker answered 503 "loading" beside the old
+    master's, which still served. A second server given the same socket is refused instead of taking it over."""
+    folder = tmp_path / "sock"
+    folder.mkdir(mode=0o700)
+    socket_path = folder / "serve.sock"
+    models = tmp_path / "models.yaml"
+    first = f"models:\n  - model: {packages['d3']}\n    name: first\n"
+    models.write_text(first)
+    with HubServer() as hub:
+        hub.add("synthetic/d2-tiny", REVISION, packages["d2_qwen3"])
+        hub.listing_delay_s = 5.0  # the new master's worker loads a model from a slow Hub: its load is seen
+        args = ["--models", str(models), "--device", "cpu", "--workers", "1", "--cache-dir", str(tmp_path / "cache")]
+        server = Server(args, uds=str(socket_path), env={"HF_ENDPOINT": hub.endpoint}, log=tmp_path / "log")
+        try:
+            server.wait()
+            rival = Server(args, uds=str(socket_path), log=tmp_path / "rival-log")
+            assert rival.process.wait(timeout=120) == 1 and "another server is listening on this socket" in rival.tail()
+            assert server.post({"model": "first", "state": STATE, "questions": QUESTION}).status == 200
+
+            models.write_text(first + f"  - model: synthetic/d2-tiny\n    revision: \"{REVISION}\"\n    name: second\n")
+            os.kill(server.process.pid, signal.SIGUSR2)
+            upgraded = new_master(server)
+            statuses, until = [], time.time() + 15  # longer than the new worker's load
+            while time.time() < until:
+                statuses.append(server.post({"model": "first", "state": STATE, "questions": QUESTION}).status)
+                time.sleep(0.1)
+            assert set(statuses) == {200}, statuses
+            server.process.terminate()  # the operator stops the old master once the new one serves
+            server.process.wait(timeout=60)
+            assert socket_path.is_socket()
+            assert Path(f"/proc/{upgraded}").exists()
+            # the old master's exit did not take the socket: the new master answers on it
+            assert served(server) == ["first", "second"]
+            assert server.post({"model": "second", "state": STATE, "questions": QUESTION}).status == 200
+        finally:
+            server.stop()
+            try:
+                os.killpg(server.process.pid, signal.SIGTERM)  # the new master and its worker, in the old one's group
+            except ProcessLookupError:
+                pass

@@ -39,3 +39,24 @@ def test_a_socket_directory_others_can_enter_is_refused(tmp_path):
     os.chmod(shared, 0o755)
     with pytest.raises(InvalidRequest, match="accessible to other users"):
         prepare_uds(str(shared / "server.sock"))
+
+
+def test_a_stale_socket_is_replaced_and_a_live_one_refused(tmp_path, monkeypatch):
+    import socket
+
+    folder = tmp_path / "sockets"
+    folder.mkdir(mode=0o700)
+    path = folder / "server.sock"
+    monkeypatch.delenv("GUNICORN_FD", raising=False)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(1)
+        with pytest.raises(InvalidRequest, match="another server is listening on this socket"):
+            prepare_uds(str(path))
+        assert path.is_socket()
+        monkeypatch.setenv("GUNICORN_FD", "3")  # a binary upgrade's new master: the listener is its inheritance
+        assert prepare_uds(str(path)) == str(path) and path.is_socket()
+        monkeypatch.delenv("GUNICORN_FD")
+    # the listener is closed, its file left behind (a server that was killed): removed for the new server to bind
+    assert path.is_socket()
+    assert prepare_uds(str(path)) == str(path) and not path.exists()

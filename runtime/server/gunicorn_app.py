@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import stat
 import tempfile
 import threading
@@ -18,9 +19,14 @@ from vllm_sr_runtime.cpu_threads import cpu_threads
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.server.config import ServeConfig, checked_uds_path
 
+INHERITED_LISTENERS_ENV = "GUNICORN_FD"  # set by gunicorn's binary upgrade (USR2) for the master it starts
+
 
 def prepare_uds(path: str) -> str:
-    """The socket's directory must be private (0700): created so, or refused when others can enter it."""
+    """The socket's directory must be private (0700): created so, or refused when others can enter it. A socket left
+    by a server that has gone is removed; one a server still listens on is refused (unlinking it would leave that
+    server unreachable), unless it is this master's own inheritance: a binary upgrade (USR2) starts the new master
+    with the old one's listeners (GUNICORN_FD), so the path stays theirs."""
     socket_path = checked_uds_path(path)
     parent = socket_path.parent
     try:
@@ -34,8 +40,22 @@ def prepare_uds(path: str) -> str:
     if socket_path.exists():
         if not stat.S_ISSOCK(socket_path.stat().st_mode):
             raise InvalidRequest(f"--uds {socket_path} exists and is not a socket")
+        if os.environ.get(INHERITED_LISTENERS_ENV):
+            return str(socket_path)
+        if socket_answers(socket_path):
+            raise InvalidRequest(f"--uds {socket_path}: another server is listening on this socket; stop it first, or give another path")
         socket_path.unlink()
     return str(socket_path)
+
+
+def socket_answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(str(path))
+        except OSError:  # refused (no listener: a stale socket), or not ours to reach
+            return False
+    return True
 
 
 WORKER_LOG_FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
@@ -113,6 +133,8 @@ class ServeApplication(BaseApplication):
         def post_fork(server, worker) -> None:
             ServeApplication.current_worker = worker
             ServeApplication.others_at_fork = len(server.WORKERS)  # the workers that serve while this one starts
+            # a binary upgrade (USR2): the old master's workers share the listeners until the operator stops them
+            ServeApplication.old_master_serves = server.master_pid != 0
 
         settings = {
             "bind": bind,
@@ -138,6 +160,7 @@ class ServeApplication(BaseApplication):
 
     current_worker = None
     others_at_fork = 0
+    old_master_serves = False
 
     def run(self) -> None:
         """gunicorn's master; its metrics folder is removed here however it ends (gunicorn's on_exit hook is skipped
@@ -158,8 +181,8 @@ class ServeApplication(BaseApplication):
         `/health/live` 200, `/health` 503 with each model's state (the try and last error of a retried load),
         requests 503 with Retry-After, instead of connections that hang until every model is loaded; so does the
         replacement of a lone worker (nothing else could answer). A later worker started while others serve (the
-        replacement of one of several, or any worker of a reload, whose old workers serve until it has settled)
-        loads before it accepts connections, so it never answers 503 while they serve; a heartbeat keeps gunicorn
+        replacement of one of several, any worker of a reload, whose old workers serve until it has settled, or any
+        worker of the new master of a binary upgrade, USR2, whose old master's workers serve) loads before it accepts connections, so it never answers 503 while they serve; a heartbeat keeps gunicorn
         from timing it out meanwhile. Each worker leaves a mark in `settled_dir` once its models have settled."""
         from vllm_sr_runtime.server.app import create_app
         from vllm_sr_runtime.server.slots import ModelSlot
@@ -172,7 +195,8 @@ class ServeApplication(BaseApplication):
         worker = ServeApplication.current_worker
         mark = self.settled_mark(os.getpid())
         # gunicorn numbers workers 1, 2, ... as it spawns them: a higher number replaces one, or is a reload's
-        started_while_others_serve = worker is not None and worker.age > self.config.workers and ServeApplication.others_at_fork > 0
+        replaces_one = worker is not None and worker.age > self.config.workers and ServeApplication.others_at_fork > 0
+        started_while_others_serve = replaces_one or ServeApplication.old_master_serves
         if started_while_others_serve:
             loading = threading.Event()
             threading.Thread(target=_heartbeat, args=(worker, loading), daemon=True).start()

@@ -4,6 +4,7 @@ have loaded, and a file that cannot be used keeps the models served before."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -119,9 +120,11 @@ def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packag
             assert rival.process.wait(timeout=120) == 1 and "another server is listening on this socket" in rival.tail()
             assert server.post({"model": "first", "state": STATE, "questions": QUESTION}).status == 200
 
+            [old_worker] = server.workers()
             models.write_text(first + f"  - model: synthetic/d2-tiny\n    revision: \"{REVISION}\"\n    name: second\n")
             os.kill(server.process.pid, signal.SIGUSR2)
             upgraded = new_master(server)
+            [new_worker] = [int(pid) for pid in Path(f"/proc/{upgraded}/task/{upgraded}/children").read_text().split()]
             statuses, until = [], time.time() + 15  # longer than the new worker's load
             while time.time() < until:
                 statuses.append(server.post({"model": "first", "state": STATE, "questions": QUESTION}).status)
@@ -134,6 +137,10 @@ def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packag
             # the old master's exit did not take the socket: the new master answers on it
             assert served(server) == ["first", "second"]
             assert server.post({"model": "second", "state": STATE, "questions": QUESTION}).status == 200
+            # each worker's log lines take gunicorn's shape with the worker's pid: the old and the new worker are told apart
+            pattern = r"^\[[^\]]+\] \[(\d+)\] \[WARNING\] vllm_sr_runtime\.server: model first: golden answers unverified"
+            writers = set(re.findall(pattern, (tmp_path / "log").read_text(), flags=re.MULTILINE))
+            assert writers == {str(old_worker), str(new_worker)}, (writers, server.tail())
         finally:
             server.stop()
             try:

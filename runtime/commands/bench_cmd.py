@@ -252,7 +252,7 @@ def _artifacts_for(profile: str, artifacts: list) -> list:
 
 def register(sub) -> None:
     parser = sub.add_parser("bench", help="measure latency/throughput per profile (forward) or against a server (http)")
-    parser.add_argument("model", nargs="?", help="forward, export: the package; http: the served model(s) to load, a comma list taken in turn (default: every model the server has ready)")
+    parser.add_argument("model", nargs="?", help="forward, export: the package; http: the served model name(s) the requests name, a comma list taken in turn (default: every model the server has ready)")
     parser.add_argument("--mode", default="forward", choices=["forward", "http", "export"], help="export: wall time and peak RSS of each export phase, each dtype in a child process")
     parser.add_argument("--profiles", type=choice_list(installed_profiles(), "profile"), default="exact,max_speed", help="forward: a comma list of profiles")
     parser.add_argument("--lengths", type=counts, default="64,128,512,2048", help="prompt lengths in tokens (a length below the prompt template's own runs at the template's)")

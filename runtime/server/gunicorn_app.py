@@ -182,8 +182,9 @@ class ServeApplication(BaseApplication):
         requests 503 with Retry-After, instead of connections that hang until every model is loaded; so does the
         replacement of a lone worker (nothing else could answer). A later worker started while others serve (the
         replacement of one of several, any worker of a reload, whose old workers serve until it has settled, or any
-        worker of the new master of a binary upgrade, USR2, whose old master's workers serve) loads before it accepts connections, so it never answers 503 while they serve; a heartbeat keeps gunicorn
-        from timing it out meanwhile. Each worker leaves a mark in `settled_dir` once its models have settled."""
+        worker of a binary upgrade's new master, whose old master's workers serve) loads before it accepts
+        connections, so it never answers 503 while they serve; a heartbeat keeps gunicorn from timing it out
+        meanwhile. Each worker leaves a mark in `settled_dir` once its models have settled."""
         from vllm_sr_runtime.server.app import create_app
         from vllm_sr_runtime.server.slots import ModelSlot
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from hub_server import PINNED_REVISION, HubServer
-from server_harness import Server
+from server_harness import Server, metric_total
 
 STATE = "Merge two sorted lists."
 QUESTION = {"a": {"type": "noul", "instructions": "Is this about code?"}}
@@ -88,6 +88,10 @@ def test_a_reload_keeps_serving_on_its_unix_socket(packages, tmp_path: Path):
         server.stop()
 
 
+def answered_total(server: Server) -> float:
+    return metric_total(server.request("GET", "/metrics").body.decode(), "vllm_sr_runtime_requests_total", endpoint="/v1/systemone", status="200")
+
+
 def new_master(server: Server, timeout: float = 60) -> int:
     """The master a binary upgrade (USR2) started: the old master's child that has children (its workers)."""
     deadline = time.time() + timeout
@@ -113,14 +117,17 @@ def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packag
         hub.add("synthetic/d2-tiny", REVISION, packages["d2_qwen3"])
         hub.listing_delay_s = 5.0  # the new master's worker loads a model from a slow Hub: its load is seen
         args = ["--models", str(models), "--device", "cpu", "--workers", "1", "--cache-dir", str(tmp_path / "cache")]
-        server = Server(args, uds=str(socket_path), env={"HF_ENDPOINT": hub.endpoint}, log=tmp_path / "log")
+        scratch = tmp_path / "tmp"  # the masters' metrics and settled folders: none may be left behind
+        scratch.mkdir()
+        server = Server(args, uds=str(socket_path), env={"HF_ENDPOINT": hub.endpoint, "TMPDIR": str(scratch)}, log=tmp_path / "log")
         try:
             server.wait()
-            rival = Server(args, uds=str(socket_path), log=tmp_path / "rival-log")
+            rival = Server(args, uds=str(socket_path), env={"TMPDIR": str(scratch)}, log=tmp_path / "rival-log")
             assert rival.process.wait(timeout=120) == 1 and "another server is listening on this socket" in rival.tail()
             assert server.post({"model": "first", "state": STATE, "questions": QUESTION}).status == 200
 
             [old_worker] = server.workers()
+            answered_before = answered_total(server)
             models.write_text(first + f"  - model: synthetic/d2-tiny\n    revision: \"{REVISION}\"\n    name: second\n")
             os.kill(server.process.pid, signal.SIGUSR2)
             upgraded = new_master(server)
@@ -130,12 +137,16 @@ def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packag
                 statuses.append(server.post({"model": "first", "state": STATE, "questions": QUESTION}).status)
                 time.sleep(0.1)
             assert set(statuses) == {200}, statuses
+            # both masters' workers count into one metrics folder: whichever answers /metrics counts every request
+            counts = [answered_total(server) for _ in range(6)]
+            assert min(counts) >= answered_before + len(statuses), (answered_before, len(statuses), counts)
             server.process.terminate()  # the operator stops the old master once the new one serves
             server.process.wait(timeout=60)
             assert socket_path.is_socket()
             assert Path(f"/proc/{upgraded}").exists()
-            # the old master's exit did not take the socket: the new master answers on it
+            # the old master's exit did not take the socket, nor the metrics: the new master answers on it, counting on
             assert served(server) == ["first", "second"]
+            assert answered_total(server) >= max(counts)
             assert server.post({"model": "second", "state": STATE, "questions": QUESTION}).status == 200
             # each worker's log lines take gunicorn's shape with the worker's pid: the old and the new worker are told apart
             pattern = r"^\[[^\]]+\] \[(\d+)\] \[WARNING\] vllm_sr_runtime\.server: model first: golden answers unverified"
@@ -147,3 +158,7 @@ def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packag
                 os.killpg(server.process.pid, signal.SIGTERM)  # the new master and its worker, in the old one's group
             except ProcessLookupError:
                 pass
+    deadline = time.time() + 30
+    while time.time() < deadline and any(scratch.iterdir()):
+        time.sleep(0.2)
+    assert not any(scratch.iterdir()), sorted(scratch.iterdir())

@@ -20,6 +20,17 @@ from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.server.config import ServeConfig, checked_uds_path
 
 INHERITED_LISTENERS_ENV = "GUNICORN_FD"  # set by gunicorn's binary upgrade (USR2) for the master it starts
+UPGRADING_MASTER_ENV = "GUNICORN_PID"  # the old master's pid, in the new master (until gunicorn promotes it)
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def upgrade_metrics_dir() -> str | None:
+    """The old master's metrics folder, for the new master of a binary upgrade (USR2): the workers of both count into
+    it, so the counters /metrics reports go on across the upgrade instead of alternating between two sets."""
+    inherited = os.environ.get(METRICS_DIR_ENV)
+    if os.environ.get(INHERITED_LISTENERS_ENV) and inherited and Path(inherited).is_dir():
+        return inherited
+    return None
 
 
 def prepare_uds(path: str) -> str:
@@ -89,10 +100,16 @@ class ServeApplication(BaseApplication):
         self.config = config
         self.reread = reread
         self.configured = False
-        self.metrics_dir = tempfile.mkdtemp(prefix="vllm-sr-runtime-metrics-")
+        inherited = upgrade_metrics_dir()
+        self.metrics_dir = inherited or tempfile.mkdtemp(prefix="vllm-sr-runtime-metrics-")
+        self.metrics_dir_inherited = inherited is not None
         self.settled_dir = Path(tempfile.mkdtemp(prefix="vllm-sr-runtime-settled-"))
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
-        super().__init__()
+        os.environ[METRICS_DIR_ENV] = self.metrics_dir
+        try:
+            super().__init__()  # reads the configuration: a refused --uds ends the start here
+        except BaseException:
+            self.remove_folders(None)
+            raise
 
     def settled_mark(self, pid: int) -> Path:
         """The file a worker leaves once its models have settled (ready or failed)."""
@@ -166,15 +183,25 @@ class ServeApplication(BaseApplication):
         """gunicorn's master; its metrics folder is removed here however it ends (gunicorn's on_exit hook is skipped
         when it cannot bind its address). Workers are forked inside this call and unwind through it too: only the
         master removes."""
-        master = os.getpid()
+        master, arbiter = os.getpid(), None
         try:
-            ServeArbiter(self).run()
+            arbiter = ServeArbiter(self)
+            arbiter.run()
         except RuntimeError as exc:
             raise SystemExit(f"\nError: {exc}\n") from None  # as gunicorn's own run() ends
         finally:
             if os.getpid() == master:
-                shutil.rmtree(self.metrics_dir, ignore_errors=True)
-                shutil.rmtree(self.settled_dir, ignore_errors=True)
+                self.remove_folders(arbiter)
+
+    def remove_folders(self, arbiter: Arbiter | None) -> None:
+        """The master's own folders, as it ends. Under a binary upgrade both masters count into one metrics folder: the
+        old master leaves it to the new one it started, and the new one leaves it to the old one while that runs."""
+        handed_over = arbiter is not None and arbiter.reexec_pid != 0
+        old_master = int(os.environ.get(UPGRADING_MASTER_ENV) or 0)
+        borrowed = self.metrics_dir_inherited and old_master != 0 and os.getppid() == old_master
+        if not handed_over and not borrowed:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        shutil.rmtree(self.settled_dir, ignore_errors=True)
 
     def load(self):
         """Runs in each worker after fork. A worker of the server's first start answers while its models load:

@@ -95,7 +95,7 @@ def test_parity_batching_profile(packages, tmp_path):
 
 
 def test_concurrent_requests_with_an_invalid_question_through_the_server(models, packages, tmp_path):
-    server = Server([str(packages["d3"]), "--profile", "batching", "--device", "cpu", "--threads", "16", "--batch-window-ms", "20"], log=tmp_path / "log")
+    server = Server([str(packages["d3"]), "--profile", "batching", "--device", "cpu", "--batch-window-ms", "20"], log=tmp_path / "log")
     try:
         server.wait()
         card = server.request("GET", "/v1/models").json()["data"][0]

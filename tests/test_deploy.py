@@ -73,6 +73,8 @@ def test_deployments_fit_the_runtime():
         container = pod["spec"]["containers"][0]
         args = build_parser().parse_args(["serve", *container["args"]])  # every flag is one serve accepts
         assert args.offline
+        # a thread for every request the queues hold, and more: the liveness probe never waits behind forwards
+        assert args.threads is None or args.threads > args.max_queue, args.threads
         assert container["readinessProbe"]["httpGet"]["path"] == "/health"
         assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
         assert container["ports"][0]["containerPort"] == 8100

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import threading
@@ -135,3 +136,39 @@ def test_killed_worker_is_replaced_and_serving_goes_on(server):
     assert statuses.count(200) > 0
     # Requests in flight on the killed worker may see a dropped connection; none may see a 5xx.
     assert not any(isinstance(status, int) and status >= 500 for status in statuses)
+
+
+def test_liveness_is_answered_while_more_requests_wait_on_forwards_than_the_old_thread_count(packages, tmp_path):
+    """A request waits for its forward on its own thread. With 8 threads (the old default) and 12 slow requests in
+    flight, /health/live queued behind them until 5 had finished (12-15 s under real load: a liveness probe that
+    restarts the pod). With the default threads it is answered before the slow requests finish."""
+    server = Server([str(packages["d3"]), "--device", "cpu", "--result-cache-entries", "0"], log=tmp_path / "log")
+    questions = {f"q{i}": {"type": "noul", "instructions": f"Does it mention topic {i}?"} for i in range(8)}
+    sent, finished, lock = threading.Barrier(13), [], threading.Lock()
+
+    def slow(number: int) -> None:
+        conn = server.connection(timeout=300)
+        body = json.dumps({"state": f"{'word ' * 500} {number}", "questions": questions})
+        conn.request("POST", "/v1/systemone", body=body, headers={"Content-Type": "application/json"})
+        sent.wait()
+        status = conn.getresponse().status
+        with lock:
+            finished.append(status)
+        conn.close()
+
+    try:
+        server.wait()
+        clients = [threading.Thread(target=slow, args=(i,)) for i in range(12)]
+        for client in clients:
+            client.start()
+        sent.wait()  # every slow request is written
+        time.sleep(0.5)  # and read by the server
+        live = server.request("GET", "/health/live", timeout=300)
+        with lock:
+            finished_before = len(finished)
+        for client in clients:
+            client.join(timeout=300)
+    finally:
+        server.stop()
+    assert live.status == 200 and finished == [200] * 12
+    assert finished_before < 4, f"/health/live waited for {finished_before} of 12 slow requests to finish"

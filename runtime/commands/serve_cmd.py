@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from vllm_sr_runtime.cli_values import non_negative_float, non_negative_int, port, positive_float, positive_int, ranged
@@ -108,6 +109,12 @@ def run(args: argparse.Namespace) -> int:
     if args.offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     config = checked_config(args)
+    if config.threads is not None and config.threads <= config.queue_capacity():
+        print(
+            f"warning: --threads {config.threads} is not above what the model queues hold ({config.queue_capacity()}: --max-queue "
+            "times the models): when every thread waits on a forward, /health and /metrics wait behind them",
+            file=sys.stderr,
+        )
     share_among_workers(config.workers)  # before fork: torch's pool reads it when a worker starts it
     from vllm_sr_runtime.server.gunicorn_app import ServeApplication
 
@@ -142,7 +149,11 @@ def register(sub) -> None:
         "(a router on the socket, Prometheus on TCP)",
     )  # fmt: skip
     parser.add_argument("--workers", type=positive_int, default=ServeConfig.workers, help="gunicorn worker processes (each loads every model)")
-    parser.add_argument("--threads", type=positive_int, default=ServeConfig.threads, help="request threads per worker")
+    parser.add_argument(
+        "--threads", type=positive_int, default=ServeConfig.threads,
+        help="request threads per worker (default: --max-queue times the models, plus 8: every queued request waits on a "
+        "thread of its own, and /health never waits behind them)",
+    )  # fmt: skip
     parser.add_argument("--max-queue", type=positive_int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")
     parser.add_argument("--max-request-bytes", type=positive_int, default=ServeConfig.max_request_bytes)
     parser.add_argument(

@@ -56,6 +56,7 @@ class ModelSpec:
 
 
 MAX_LOAD_RETRY_SECONDS = 300.0
+RESERVED_REQUEST_THREADS = 8  # request threads beyond the model queues': /health, /metrics, /v1/models, 429s
 
 
 @dataclass
@@ -67,7 +68,7 @@ class ServeConfig:
     port: int | None = 8100  # None: no TCP listener (--uds alone)
     uds: str | None = None
     workers: int = 1
-    threads: int = 8
+    threads: int | None = None  # request threads per worker; None: request_threads()
     max_queue: int = 256
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_bundle_tasks: int = 64  # tasks per POST /v1/bundle
@@ -90,6 +91,17 @@ class ServeConfig:
     timeout: int = 120
     graceful_timeout: int = 60
     extra: dict = field(default_factory=dict)
+
+    def request_threads(self) -> int:
+        """A request waits for its forward on its own thread, so with fewer threads than the model queues hold, every
+        thread could wait on a forward and a liveness probe (or /metrics, or a request a full queue would refuse at
+        once) queued behind them: /health/live took 12-15 s under 32 clients with 8 threads. By default there is a
+        thread for every request the queues take, plus a reserve that nothing waits on."""
+        return self.threads or self.queue_capacity() + RESERVED_REQUEST_THREADS
+
+    def queue_capacity(self) -> int:
+        """The requests a worker's model queues hold at once."""
+        return self.max_queue * max(1, len(self.models))
 
 
 def load_models_file(path: str) -> list[ModelSpec]:

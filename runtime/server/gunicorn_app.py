@@ -22,6 +22,7 @@ from vllm_sr_runtime.server.config import ServeConfig, checked_uds_path
 INHERITED_LISTENERS_ENV = "GUNICORN_FD"  # set by gunicorn's binary upgrade (USR2) for the master it starts
 UPGRADING_MASTER_ENV = "GUNICORN_PID"  # the old master's pid, in the new master (until gunicorn promotes it)
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+DEFAULT_WORKER_CONNECTIONS = 1000  # gunicorn's
 
 
 def upgrade_metrics_dir() -> str | None:
@@ -157,7 +158,8 @@ class ServeApplication(BaseApplication):
             "bind": bind,
             "workers": config.workers,
             "worker_class": "gthread",
-            "threads": config.threads,
+            "threads": config.request_threads(),
+            "worker_connections": max(DEFAULT_WORKER_CONNECTIONS, 2 * config.request_threads()),  # keep-alive room beyond the threads
             "timeout": config.timeout,
             "graceful_timeout": config.graceful_timeout,
             "keepalive": 5,

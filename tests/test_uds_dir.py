@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from vllm_sr_runtime.errors import InvalidRequest
-from vllm_sr_runtime.server.gunicorn_app import prepare_uds
+from vllm_sr_runtime.server.listeners import prepare_uds
 
 
 def test_servers_starting_together_share_a_new_private_socket_directory(tmp_path):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
-import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -16,11 +14,9 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from vllm_sr_runtime.cpu_threads import cpu_threads
-from vllm_sr_runtime.errors import InvalidRequest
-from vllm_sr_runtime.server.config import ServeConfig, checked_uds_path
+from vllm_sr_runtime.server.config import ServeConfig
+from vllm_sr_runtime.server.listeners import inherits_listeners, prepare_uds, upgrading_from
 
-INHERITED_LISTENERS_ENV = "GUNICORN_FD"  # set by gunicorn's binary upgrade (USR2) for the master it starts
-UPGRADING_MASTER_ENV = "GUNICORN_PID"  # the old master's pid, in the new master (until gunicorn promotes it)
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 DEFAULT_WORKER_CONNECTIONS = 1000  # gunicorn's
 
@@ -29,45 +25,9 @@ def upgrade_metrics_dir() -> str | None:
     """The old master's metrics folder, for the new master of a binary upgrade (USR2): the workers of both count into
     it, so the counters /metrics reports go on across the upgrade instead of alternating between two sets."""
     inherited = os.environ.get(METRICS_DIR_ENV)
-    if os.environ.get(INHERITED_LISTENERS_ENV) and inherited and Path(inherited).is_dir():
+    if inherits_listeners() and inherited and Path(inherited).is_dir():
         return inherited
     return None
-
-
-def prepare_uds(path: str) -> str:
-    """The socket's directory must be private (0700): created so, or refused when others can enter it. A socket left
-    by a server that has gone is removed; one a server still listens on is refused (unlinking it would leave that
-    server unreachable), unless it is this master's own inheritance: a binary upgrade (USR2) starts the new master
-    with the old one's listeners (GUNICORN_FD), so the path stays theirs."""
-    socket_path = checked_uds_path(path)
-    parent = socket_path.parent
-    try:
-        parent.mkdir(parents=True, mode=0o700)
-        os.chmod(parent, 0o700)
-    except FileExistsError:
-        pass  # there already, or made by a server starting beside this one (mkdir's mode is 0700 or tighter): checked below
-    mode = stat.S_IMODE(parent.stat().st_mode)
-    if mode & 0o077:
-        raise InvalidRequest(f"--uds directory {parent} is accessible to other users (mode {mode:o}); use a 0700 directory")
-    if socket_path.exists():
-        if not stat.S_ISSOCK(socket_path.stat().st_mode):
-            raise InvalidRequest(f"--uds {socket_path} exists and is not a socket")
-        if os.environ.get(INHERITED_LISTENERS_ENV):
-            return str(socket_path)
-        if socket_answers(socket_path):
-            raise InvalidRequest(f"--uds {socket_path}: another server is listening on this socket; stop it first, or give another path")
-        socket_path.unlink()
-    return str(socket_path)
-
-
-def socket_answers(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(2.0)
-        try:
-            probe.connect(str(path))
-        except OSError:  # refused (no listener: a stale socket), or not ours to reach
-            return False
-    return True
 
 
 WORKER_LOG_FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
@@ -199,7 +159,7 @@ class ServeApplication(BaseApplication):
         """The master's own folders, as it ends. Under a binary upgrade both masters count into one metrics folder: the
         old master leaves it to the new one it started, and the new one leaves it to the old one while that runs."""
         handed_over = arbiter is not None and arbiter.reexec_pid != 0
-        old_master = int(os.environ.get(UPGRADING_MASTER_ENV) or 0)
+        old_master = upgrading_from()
         borrowed = self.metrics_dir_inherited and old_master != 0 and os.getppid() == old_master
         if not handed_over and not borrowed:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)

@@ -85,6 +85,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         threads=args.threads,
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
+        max_inflight_request_bytes=args.max_inflight_request_bytes,
         max_bundle_tasks=args.max_bundle_tasks,
         default_deadline_ms=args.deadline_ms,
         batch_window_ms=args.batch_window_ms,
@@ -156,6 +157,11 @@ def register(sub) -> None:
     )  # fmt: skip
     parser.add_argument("--max-queue", type=positive_int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")
     parser.add_argument("--max-request-bytes", type=positive_int, default=ServeConfig.max_request_bytes)
+    parser.add_argument(
+        "--max-inflight-request-bytes", type=positive_int, default=ServeConfig.max_inflight_request_bytes,
+        help="request-body bytes a worker's requests in flight may hold together before more are answered 429 (default: 8 "
+        "times --max-request-bytes; a request alone is always taken)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-bundle-tasks", type=positive_int, default=ServeConfig.max_bundle_tasks,
         help="POST /v1/bundle: model calls per bundle (each task body is held to --max-request-bytes)",

@@ -9,6 +9,8 @@ import copy
 import logging
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -17,11 +19,12 @@ import falcon
 import orjson
 import yaml
 
-from vllm_sr_runtime.errors import InvalidRequest, ModelNotFound, NotReady, RequestTooLarge, RuntimeServiceError
+from vllm_sr_runtime.errors import InvalidRequest, ModelNotFound, NotReady, Overloaded, RequestTooLarge, RuntimeServiceError
 from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
+from vllm_sr_runtime.server.body_budget import BodyBudget
 from vllm_sr_runtime.server.body_encoding import decoded_body
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
 from vllm_sr_runtime.server.slots import ModelSlot
@@ -65,15 +68,34 @@ class Server:
         self.config = config
         self.slots = {slot.name: slot for slot in slots}
         self.aliases = model_aliases(config.models, list(self.slots))
+        self.body_budget = BodyBudget(config.inflight_request_bytes())
         for slot in slots:
             slot.aliases = sorted(alias for alias, name in self.aliases.items() if name == slot.name)
 
     # -- request parsing -----------------------------------------------------------------------------
-    def read_body(self, req: falcon.Request, limit: int | None = None) -> dict:
+    @contextmanager
+    def held_body(self, req: falcon.Request, limit: int | None = None) -> Iterator[dict]:
+        """The request's body, read and parsed, its bytes held in the worker's budget until the request ends."""
         limit = limit or self.config.max_request_bytes
         if req.content_length is not None and req.content_length > limit:
             self.discard_body(req)
             raise RequestTooLarge(f"request body is {req.content_length} bytes, the limit is {limit}")
+        # a body of unknown length, or compressed, may take the whole limit once read and decoded
+        plain = req.content_length is not None and not req.get_header("Content-Encoding")
+        try:
+            holding = self.body_budget.reserve(req.content_length if plain else limit)
+        except Overloaded:
+            self.discard_body(req)  # so that a client writing its whole body first reads the 429
+            raise
+        try:
+            body, size = self.read_body(req, limit)
+            holding.settle(size)
+            yield body
+        finally:
+            holding.release()
+
+    def read_body(self, req: falcon.Request, limit: int) -> tuple[dict, int]:
+        """The parsed body and its size once read and decoded."""
         raw = body_stream(req).read(limit + 1)
         if len(raw) > limit:
             self.discard_body(req)
@@ -85,7 +107,7 @@ class Server:
             raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise InvalidRequest("request body must be a JSON object")
-        return body
+        return body, len(raw)
 
     @staticmethod
     def discard_body(req: falcon.Request) -> None:
@@ -163,9 +185,10 @@ class Server:
     # -- the decision endpoints ---------------------------------------------------------------------
     def decide(self, req: falcon.Request, resp: falcon.Response, endpoint: str) -> None:
         started = time.perf_counter()
-        call = self.prepare(self.read_body(req), started)
-        job = self.submit(call)
-        payload, timing = self.finish(call, job)
+        with self.held_body(req) as body:
+            call = self.prepare(body, started)
+            job = self.submit(call)
+            payload, timing = self.finish(call, job)
         serialize_start = time.perf_counter()
         data = orjson.dumps(payload)
         serialize = time.perf_counter() - serialize_start
@@ -239,34 +262,34 @@ class Server:
         body), in task order; a bad task never fails its siblings. All tasks are queued before any is awaited,
         so tasks for one model share its scheduler (and `batching` merges them)."""
         started = time.perf_counter()
-        body = self.read_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes)
-        tasks, default_deadline = self.validate_bundle(body)
-        queued: list[tuple[Call, Any] | dict] = []  # a call on its way, or the task's result when it failed first
-        where = [f"request {request_id(req)} task {index}" for index in range(len(tasks))]
-        for index, task in enumerate(tasks):
-            try:
-                size = len(orjson.dumps(task["body"]))
-                if size > self.config.max_request_bytes:
-                    raise RequestTooLarge(f"request body is {size} bytes, the limit is {self.config.max_request_bytes}")  # as compact JSON
-                if not isinstance(task["body"], dict):
-                    raise InvalidRequest("request body must be a JSON object")
-                call = self.prepare(task["body"], started, default_deadline)
-                queued.append((call, self.submit(call)))
-            except Exception as exc:  # the task's own error, as it would be answered alone
-                queued.append(error_result(exc, where[index]))
-        results = []
-        for index, entry in enumerate(queued):
-            if isinstance(entry, dict):
-                results.append(entry)
-                continue
-            try:
-                results.append({"status": 200, "body": self.finish(*entry)[0]})
-            except Exception as exc:
-                results.append(error_result(exc, where[index]))
-        metrics.BUNDLE_TASKS.observe(len(tasks))
-        for result, task in zip(results, tasks):
-            metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
-        _json(resp, 200, {"results": results})
+        with self.held_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes) as body:
+            tasks, default_deadline = self.validate_bundle(body)
+            queued: list[tuple[Call, Any] | dict] = []  # a call on its way, or the task's result when it failed first
+            where = [f"request {request_id(req)} task {index}" for index in range(len(tasks))]
+            for index, task in enumerate(tasks):
+                try:
+                    size = len(orjson.dumps(task["body"]))
+                    if size > self.config.max_request_bytes:
+                        raise RequestTooLarge(f"request body is {size} bytes, the limit is {self.config.max_request_bytes}")  # as compact JSON
+                    if not isinstance(task["body"], dict):
+                        raise InvalidRequest("request body must be a JSON object")
+                    call = self.prepare(task["body"], started, default_deadline)
+                    queued.append((call, self.submit(call)))
+                except Exception as exc:  # the task's own error, as it would be answered alone
+                    queued.append(error_result(exc, where[index]))
+            results = []
+            for index, entry in enumerate(queued):
+                if isinstance(entry, dict):
+                    results.append(entry)
+                    continue
+                try:
+                    results.append({"status": 200, "body": self.finish(*entry)[0]})
+                except Exception as exc:
+                    results.append(error_result(exc, where[index]))
+            metrics.BUNDLE_TASKS.observe(len(tasks))
+            for result, task in zip(results, tasks):
+                metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
+            _json(resp, 200, {"results": results})
 
     def validate_bundle(self, body: dict) -> tuple[list[dict], int | None]:
         unknown = sorted(set(body) - {"tasks", "options"})

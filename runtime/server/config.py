@@ -71,6 +71,7 @@ class ServeConfig:
     threads: int | None = None  # request threads per worker; None: request_threads()
     max_queue: int = 256
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_inflight_request_bytes: int | None = None  # bodies a worker's requests in flight hold; None: inflight_request_bytes()
     max_bundle_tasks: int = 64  # tasks per POST /v1/bundle
     default_deadline_ms: int = DEFAULT_DEADLINE_MS
     batch_window_ms: float = 2.0
@@ -98,6 +99,11 @@ class ServeConfig:
         once) queued behind them: /health/live took 12-15 s under 32 clients with 8 threads. By default there is a
         thread for every request the queues take, plus a reserve that nothing waits on."""
         return self.threads or self.queue_capacity() + RESERVED_REQUEST_THREADS
+
+    def inflight_request_bytes(self) -> int:
+        """The request-body bytes a worker's requests in flight may hold: by default as many largest bodies as the
+        eight request threads held before threads followed the queues."""
+        return self.max_inflight_request_bytes or RESERVED_REQUEST_THREADS * self.max_request_bytes
 
     def queue_capacity(self) -> int:
         """The requests a worker's model queues hold at once."""

@@ -22,6 +22,18 @@ def body_of(size: int) -> bytes:
     return json.dumps({"state": "x" * (size - len(frame)), "questions": QUESTIONS}).encode()
 
 
+def slow_request(server: Server, size: int):
+    """A request whose headers and first 1,000 bytes are sent, the rest left for the caller to send."""
+    connection, body = server.connection(timeout=120), body_of(size)
+    connection.putrequest("POST", "/v1/systemone")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(len(body)))
+    connection.endheaders()
+    connection.send(body[:1000])
+    time.sleep(1.0)  # the server reads its headers and starts on the body
+    return connection, body
+
+
 def test_the_budget_refuses_what_would_pass_it_and_never_a_request_alone():
     budget = BodyBudget(1000)
     alone = budget.reserve(5000)  # larger than the budget, but nothing else is in flight
@@ -34,6 +46,13 @@ def test_the_budget_refuses_what_would_pass_it_and_never_a_request_alone():
     with pytest.raises(Overloaded):
         budget.reserve(1)
     first.release()
+    second.grow(300)  # its planned inputs join its body: the budget is full, and it is the only one
+    with pytest.raises(Overloaded):
+        budget.reserve(1)
+    third_alone_before = budget.reserve(0)
+    with pytest.raises(Overloaded):
+        third_alone_before.grow(1)  # others hold the budget
+    third_alone_before.release()
     second.release()
     assert budget.held == 0
 
@@ -44,14 +63,7 @@ def test_a_server_answers_429_to_a_body_beyond_the_budget_and_takes_it_once_one_
     )  # fmt: skip
     try:
         server.wait()
-        slow = server.connection(timeout=120)  # holds 900 kB of the budget while its body arrives
-        body = body_of(900_000)
-        slow.putrequest("POST", "/v1/systemone")
-        slow.putheader("Content-Type", "application/json")
-        slow.putheader("Content-Length", str(len(body)))
-        slow.endheaders()
-        slow.send(body[:1000])
-        time.sleep(1.0)  # the server reads its headers and starts on the body
+        slow, body = slow_request(server, 900_000)  # holds its size of the budget while its body arrives
         refused = server.request("POST", "/v1/systemone", raw=body_of(900_000))
         small = server.post({"state": "short", "questions": QUESTIONS})
         slow.send(body[1000:])
@@ -67,3 +79,28 @@ def test_a_server_answers_429_to_a_body_beyond_the_budget_and_takes_it_once_one_
     assert small.status == 200  # what fits beside it is taken
     assert answered.status == 200 and answered_body["answers"]["a"]["error"] == "max_length_exceeded"
     assert again.status == 200  # the slow request's bytes went back to the budget when it ended
+
+
+def test_an_image_requests_pixels_count_with_its_body(packages, tmp_path):
+    """A 3 kB PNG plans ~7 MB of pixel inputs, held until its forward: they count against the budget too."""
+    from vllm_sr_runtime.synthetic.media import data_url, png_bytes, solid
+
+    image = {"state": "a picture", "questions": QUESTIONS, "images": [data_url("image/png", png_bytes(solid(640, 480, (200, 30, 30))))]}
+    server = Server(
+        [str(packages["d3_vision"]), "--device", "cpu", "--max-request-bytes", "2000000", "--max-inflight-request-bytes", "4000000",
+         "--result-cache-entries", "0"], log=tmp_path / "log",
+    )  # fmt: skip
+    try:
+        server.wait()
+        alone = server.post(image)  # over the budget by itself, but nothing else is in flight
+        slow, body = slow_request(server, 1_000_000)  # holds its size of the budget while its body arrives
+        refused = server.post(image)
+        text = server.post({"state": "short", "questions": QUESTIONS})
+        slow.send(body[1000:])
+        assert slow.getresponse().status == 200
+        slow.close()
+        again = server.post(image)
+    finally:
+        server.stop()
+    assert alone.status == 200 and again.status == 200 and text.status == 200
+    assert refused.status == 429 and "--max-inflight-request-bytes 4000000" in refused.json()["error"]["message"], refused.body[:300]

@@ -24,7 +24,7 @@ from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
-from vllm_sr_runtime.server.body_budget import BodyBudget
+from vllm_sr_runtime.server.body_budget import BodyBudget, Holding
 from vllm_sr_runtime.server.body_encoding import decoded_body
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
 from vllm_sr_runtime.server.slots import ModelSlot
@@ -74,8 +74,9 @@ class Server:
 
     # -- request parsing -----------------------------------------------------------------------------
     @contextmanager
-    def held_body(self, req: falcon.Request, limit: int | None = None) -> Iterator[dict]:
-        """The request's body, read and parsed, its bytes held in the worker's budget until the request ends."""
+    def held_body(self, req: falcon.Request, limit: int | None = None) -> Iterator[tuple[dict, Holding]]:
+        """The request's body, read and parsed, its bytes held in the worker's budget until the request ends (its
+        planned inputs join them: `Holding.grow`)."""
         limit = limit or self.config.max_request_bytes
         if req.content_length is not None and req.content_length > limit:
             self.discard_body(req)
@@ -90,7 +91,7 @@ class Server:
         try:
             body, size = self.read_body(req, limit)
             holding.settle(size)
-            yield body
+            yield body, holding
         finally:
             holding.release()
 
@@ -185,8 +186,9 @@ class Server:
     # -- the decision endpoints ---------------------------------------------------------------------
     def decide(self, req: falcon.Request, resp: falcon.Response, endpoint: str) -> None:
         started = time.perf_counter()
-        with self.held_body(req) as body:
+        with self.held_body(req) as (body, holding):
             call = self.prepare(body, started)
+            holding.grow(call.plan.nbytes)
             job = self.submit(call)
             payload, timing = self.finish(call, job)
         serialize_start = time.perf_counter()
@@ -262,7 +264,7 @@ class Server:
         body), in task order; a bad task never fails its siblings. All tasks are queued before any is awaited,
         so tasks for one model share its scheduler (and `batching` merges them)."""
         started = time.perf_counter()
-        with self.held_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes) as body:
+        with self.held_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes) as (body, holding):
             tasks, default_deadline = self.validate_bundle(body)
             queued: list[tuple[Call, Any] | dict] = []  # a call on its way, or the task's result when it failed first
             where = [f"request {request_id(req)} task {index}" for index in range(len(tasks))]
@@ -274,6 +276,7 @@ class Server:
                     if not isinstance(task["body"], dict):
                         raise InvalidRequest("request body must be a JSON object")
                     call = self.prepare(task["body"], started, default_deadline)
+                    holding.grow(call.plan.nbytes)
                     queued.append((call, self.submit(call)))
                 except Exception as exc:  # the task's own error, as it would be answered alone
                     queued.append(error_result(exc, where[index]))

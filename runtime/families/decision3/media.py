@@ -14,10 +14,12 @@ import binascii
 import io
 import math
 import re
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllm_sr_runtime.cpu_threads import cpu_threads
 from vllm_sr_runtime.errors import InvalidRequest, RequestTooLarge
 from vllm_sr_runtime.families.decision3.media_urls import UrlPolicy, fetch
 
@@ -221,20 +223,27 @@ def decode_video(url: object, limits: MediaLimits = MediaLimits(), what: str = "
     )  # fmt: skip
 
 
+DECODE_SLOTS = threading.BoundedSemaphore(max(2, cpu_threads()))  # requests decoding at once, per process
+
+
 def decode_media(
     images: object, videos: object, limits: MediaLimits = MediaLimits(), urls: UrlPolicy = UrlPolicy()
 ) -> tuple[list[DecodedImage], list[DecodedVideo]]:
-    """A request's `images` and `videos` lists, every limit enforced (the video token budget over all)."""
-    decoded_images = [decode_image(url, limits, f"images[{i}]", urls) for i, url in enumerate(_as_list(images, "images"))]
-    decoded_videos = []
-    tokens = 0
-    for i, url in enumerate(_as_list(videos, "videos")):
-        video = decode_video(url, limits, f"videos[{i}]", urls)
-        tokens += video.tokens
-        if tokens > limits.video_tokens:
-            raise RequestTooLarge(f"videos need {tokens}+ visual tokens, over {limits.video_tokens} per request")
-        decoded_videos.append(video)
+    """A request's `images` and `videos` lists, every limit enforced (the video token budget over all). Requests
+    decode a few at a time: a decode is CPU work, and its source frames (up to the source-pixel limits) are held
+    while it runs, so a server whose request threads all decode at once would gain no speed and hold them all."""
+    with DECODE_SLOTS:
+        decoded_images = [decode_image(url, limits, f"images[{i}]", urls) for i, url in enumerate(_as_list(images, "images"))]
+        decoded_videos = []
+        tokens = 0
+        for i, url in enumerate(_as_list(videos, "videos")):
+            video = decode_video(url, limits, f"videos[{i}]", urls)
+            tokens += video.tokens
+            if tokens > limits.video_tokens:
+                raise RequestTooLarge(f"videos need {tokens}+ visual tokens, over {limits.video_tokens} per request")
+            decoded_videos.append(video)
     return decoded_images, decoded_videos
+
 
 
 def has_placeholder(text: str) -> bool:

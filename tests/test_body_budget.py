@@ -46,13 +46,6 @@ def test_the_budget_refuses_what_would_pass_it_and_never_a_request_alone():
     with pytest.raises(Overloaded):
         budget.reserve(1)
     first.release()
-    second.grow(300)  # its planned inputs join its body: the budget is full, and it is the only one
-    with pytest.raises(Overloaded):
-        budget.reserve(1)
-    third_alone_before = budget.reserve(0)
-    with pytest.raises(Overloaded):
-        third_alone_before.grow(1)  # others hold the budget
-    third_alone_before.release()
     second.release()
     assert budget.held == 0
 
@@ -81,26 +74,26 @@ def test_a_server_answers_429_to_a_body_beyond_the_budget_and_takes_it_once_one_
     assert again.status == 200  # the slow request's bytes went back to the budget when it ended
 
 
-def test_an_image_requests_pixels_count_with_its_body(packages, tmp_path):
-    """A 3 kB PNG plans ~7 MB of pixel inputs, held until its forward: they count against the budget too."""
-    from vllm_sr_runtime.synthetic.media import data_url, png_bytes, solid
+def test_requests_with_media_wait_for_one_of_the_workers_media_slots():
+    """A request with images or videos holds a media slot from before its decode until it is answered (its decoded
+    pixels live that long); with every slot held, the next one waits up to its deadline and is then refused."""
+    from contextlib import ExitStack
 
-    image = {"state": "a picture", "questions": QUESTIONS, "images": [data_url("image/png", png_bytes(solid(640, 480, (200, 30, 30))))]}
-    server = Server(
-        [str(packages["d3_vision"]), "--device", "cpu", "--max-request-bytes", "2000000", "--max-inflight-request-bytes", "4000000",
-         "--result-cache-entries", "0"], log=tmp_path / "log",
-    )  # fmt: skip
-    try:
-        server.wait()
-        alone = server.post(image)  # over the budget by itself, but nothing else is in flight
-        slow, body = slow_request(server, 1_000_000)  # holds its size of the budget while its body arrives
-        refused = server.post(image)
-        text = server.post({"state": "short", "questions": QUESTIONS})
-        slow.send(body[1000:])
-        assert slow.getresponse().status == 200
-        slow.close()
-        again = server.post(image)
-    finally:
-        server.stop()
-    assert alone.status == 200 and again.status == 200 and text.status == 200
-    assert refused.status == 429 and "--max-inflight-request-bytes 4000000" in refused.json()["error"]["message"], refused.body[:300]
+    from vllm_sr_runtime.server.app import MEDIA_SLOTS, Server as App
+    from vllm_sr_runtime.server.config import ServeConfig
+
+    app = App(ServeConfig(models=[]), [])
+    image = {"state": "a picture", "images": ["data:image/png;base64,AAAA"]}
+    with ExitStack() as held:
+        for _ in range(MEDIA_SLOTS):
+            held.enter_context(app.media_slot([image]))
+        with app.media_slot([{"state": "text only", "images": []}]):
+            pass  # text never waits
+        waited = time.monotonic()
+        with pytest.raises(Overloaded, match="media slot"), app.media_slot([{**image, "options": {"deadline_ms": 300}}]):
+            pass
+        assert time.monotonic() - waited >= 0.3
+        with pytest.raises(Overloaded), app.media_slot([{"state": "text"}, image], deadline_ms=50):  # a bundle with one
+            pass
+    with app.media_slot([image]):
+        pass  # released when the requests were answered

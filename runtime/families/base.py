@@ -46,12 +46,6 @@ class Plan:
     def input_tokens(self) -> int:
         return sum(len(item.token_ids) + getattr(item, "visual_tokens", 0) for batch in self.batches for item in batch.items)
 
-    @property
-    def nbytes(self) -> int:
-        """The memory its planned inputs hold until the forward (an image's or video's pixels are most of it)."""
-        arrays = {id(value): value for batch in self.batches for value in batch.inputs.values() if isinstance(value, np.ndarray)}
-        return sum(array.nbytes for array in arrays.values())  # a request's pixels are one array, whichever batches read it
-
 
 class Family(ABC):
     name: ClassVar[str]

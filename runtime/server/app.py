@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
-from vllm_sr_runtime.server.body_budget import BodyBudget, Holding
+from vllm_sr_runtime.server.body_budget import BodyBudget
 from vllm_sr_runtime.server.body_encoding import decoded_body
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
 from vllm_sr_runtime.server.slots import ModelSlot
@@ -44,6 +45,7 @@ def _json(resp: falcon.Response, status: int, body: Any) -> None:
 
 OPENAPI = yaml.safe_load(resources.files("vllm_sr_runtime.server").joinpath("openapi.yaml").read_text())
 LOADING_RETRY_AFTER_S = 5  # Retry-After of a 503 from a model still loading or warming (a failed one has none)
+MEDIA_SLOTS = 8  # requests with images or videos a worker holds decoded at once (what its 8 request threads held before)
 DISCARD_BYTES = 64 * 1024 * 1024  # how much of an over-limit body is read and dropped before answering 413
 
 
@@ -69,14 +71,14 @@ class Server:
         self.slots = {slot.name: slot for slot in slots}
         self.aliases = model_aliases(config.models, list(self.slots))
         self.body_budget = BodyBudget(config.inflight_request_bytes())
+        self.media_slots = threading.BoundedSemaphore(MEDIA_SLOTS)
         for slot in slots:
             slot.aliases = sorted(alias for alias, name in self.aliases.items() if name == slot.name)
 
     # -- request parsing -----------------------------------------------------------------------------
     @contextmanager
-    def held_body(self, req: falcon.Request, limit: int | None = None) -> Iterator[tuple[dict, Holding]]:
-        """The request's body, read and parsed, its bytes held in the worker's budget until the request ends (its
-        planned inputs join them: `Holding.grow`)."""
+    def held_body(self, req: falcon.Request, limit: int | None = None) -> Iterator[dict]:
+        """The request's body, read and parsed, its bytes held in the worker's budget until the request ends."""
         limit = limit or self.config.max_request_bytes
         if req.content_length is not None and req.content_length > limit:
             self.discard_body(req)
@@ -91,7 +93,7 @@ class Server:
         try:
             body, size = self.read_body(req, limit)
             holding.settle(size)
-            yield body, holding
+            yield body
         finally:
             holding.release()
 
@@ -186,9 +188,8 @@ class Server:
     # -- the decision endpoints ---------------------------------------------------------------------
     def decide(self, req: falcon.Request, resp: falcon.Response, endpoint: str) -> None:
         started = time.perf_counter()
-        with self.held_body(req) as (body, holding):
+        with self.held_body(req) as body, self.media_slot([body]):
             call = self.prepare(body, started)
-            holding.grow(call.plan.nbytes)
             job = self.submit(call)
             payload, timing = self.finish(call, job)
         serialize_start = time.perf_counter()
@@ -264,35 +265,62 @@ class Server:
         body), in task order; a bad task never fails its siblings. All tasks are queued before any is awaited,
         so tasks for one model share its scheduler (and `batching` merges them)."""
         started = time.perf_counter()
-        with self.held_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes) as (body, holding):
+        with self.held_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes) as body:
             tasks, default_deadline = self.validate_bundle(body)
-            queued: list[tuple[Call, Any] | dict] = []  # a call on its way, or the task's result when it failed first
-            where = [f"request {request_id(req)} task {index}" for index in range(len(tasks))]
-            for index, task in enumerate(tasks):
-                try:
-                    size = len(orjson.dumps(task["body"]))
-                    if size > self.config.max_request_bytes:
-                        raise RequestTooLarge(f"request body is {size} bytes, the limit is {self.config.max_request_bytes}")  # as compact JSON
-                    if not isinstance(task["body"], dict):
-                        raise InvalidRequest("request body must be a JSON object")
-                    call = self.prepare(task["body"], started, default_deadline)
-                    holding.grow(call.plan.nbytes)
-                    queued.append((call, self.submit(call)))
-                except Exception as exc:  # the task's own error, as it would be answered alone
-                    queued.append(error_result(exc, where[index]))
-            results = []
-            for index, entry in enumerate(queued):
-                if isinstance(entry, dict):
-                    results.append(entry)
-                    continue
-                try:
-                    results.append({"status": 200, "body": self.finish(*entry)[0]})
-                except Exception as exc:
-                    results.append(error_result(exc, where[index]))
-            metrics.BUNDLE_TASKS.observe(len(tasks))
-            for result, task in zip(results, tasks):
-                metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
-            _json(resp, 200, {"results": results})
+            with self.media_slot([task["body"] for task in tasks if isinstance(task["body"], dict)], default_deadline):
+                results = self.answer_tasks(tasks, default_deadline, started, request_id(req))
+        metrics.BUNDLE_TASKS.observe(len(tasks))
+        for result, task in zip(results, tasks):
+            metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
+        _json(resp, 200, {"results": results})
+
+    def answer_tasks(self, tasks: list[dict], default_deadline: int | None, started: float, request: str) -> list[dict]:
+        queued: list[tuple[Call, Any] | dict] = []  # a call on its way, or the task's result when it failed first
+        where = [f"request {request} task {index}" for index in range(len(tasks))]
+        for index, task in enumerate(tasks):
+            try:
+                size = len(orjson.dumps(task["body"]))
+                if size > self.config.max_request_bytes:
+                    raise RequestTooLarge(f"request body is {size} bytes, the limit is {self.config.max_request_bytes}")  # as compact JSON
+                if not isinstance(task["body"], dict):
+                    raise InvalidRequest("request body must be a JSON object")
+                call = self.prepare(task["body"], started, default_deadline)
+                queued.append((call, self.submit(call)))
+            except Exception as exc:  # the task's own error, as it would be answered alone
+                queued.append(error_result(exc, where[index]))
+        results = []
+        for index, entry in enumerate(queued):
+            if isinstance(entry, dict):
+                results.append(entry)
+                continue
+            try:
+                results.append({"status": 200, "body": self.finish(*entry)[0]})
+            except Exception as exc:
+                results.append(error_result(exc, where[index]))
+        return results
+
+    @contextmanager
+    def media_slot(self, bodies: list[dict], deadline_ms: int | None = None) -> Iterator[None]:
+        """A request (or bundle) that carries images or videos holds one of the worker's media slots from before its
+        media decode until it is answered: its decoded pixels (7.4 MB for a 3 kB PNG of 640x480) are held that long,
+        so the slots bound them as the 8 request threads did. One that finds none free waits, up to its deadline."""
+        if not any(body.get("images") or body.get("videos") for body in bodies):
+            yield
+            return
+        wait_s = (self.request_deadline_ms(bodies[0]) if deadline_ms is None else deadline_ms) / 1000
+        if not self.media_slots.acquire(timeout=wait_s):
+            raise Overloaded(f"every media slot of this worker ({MEDIA_SLOTS}) held a request with images or videos for {wait_s:g} s; retry later")
+        try:
+            yield
+        finally:
+            self.media_slots.release()
+
+    def request_deadline_ms(self, body: dict) -> int:
+        options = body.get("options")
+        try:
+            return checked_deadline(options.get("deadline_ms", self.config.default_deadline_ms) if isinstance(options, dict) else self.config.default_deadline_ms)
+        except InvalidRequest:
+            return self.config.default_deadline_ms  # validation answers it
 
     def validate_bundle(self, body: dict) -> tuple[list[dict], int | None]:
         unknown = sorted(set(body) - {"tasks", "options"})

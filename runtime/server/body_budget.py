@@ -1,6 +1,6 @@
-"""The bytes a worker's in-flight requests hold, bounded: a request thread waits for its forward holding its body and
-its planned inputs (an image's or video's pixels), and a worker has a thread for every request its queues take, so
-without a bound a burst of media requests would hold hundreds of them."""
+"""The bytes of request bodies a worker's in-flight requests hold, bounded: a request thread waits for its forward
+holding its body, and a worker has a thread for every request its queues take, so without a bound a burst of large
+bodies (base64 images, up to --max-request-bytes each) would hold hundreds of them."""
 
 from __future__ import annotations
 
@@ -37,18 +37,6 @@ class Holding:
         with self.budget.lock:
             self.budget.held += size - self.size
             self.size = size
-
-    def grow(self, size: int) -> None:
-        """The request's planned inputs join its body; refused (429) where others in flight already hold the rest."""
-        with self.budget.lock:
-            others = self.budget.held - self.size
-            if others and self.budget.held + size > self.budget.limit:
-                raise Overloaded(
-                    f"this worker's requests in flight hold {others} bytes and this one's body and inputs {self.size + size} "
-                    f"(--max-inflight-request-bytes {self.budget.limit}); retry later"
-                )
-            self.budget.held += size
-            self.size += size
 
     def release(self) -> None:
         with self.budget.lock:

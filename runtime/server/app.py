@@ -209,7 +209,9 @@ class Server:
                 retry_after_s=None if slot.state == "failed" else LOADING_RETRY_AFTER_S,
             )
         plan = slot.model.plan(body["state"], body.get("questions"), profile=options["profile"], images=body.get("images"), videos=body.get("videos"))
-        return Call(slot, options, plan, started, time.perf_counter(), time.monotonic() + options["deadline_ms"] / 1000)
+        parsed = time.perf_counter()
+        # the deadline counts from the request's start: reading its body and waiting for a media slot spend it too
+        return Call(slot, options, plan, started, parsed, time.monotonic() - (parsed - started) + options["deadline_ms"] / 1000)
 
     @staticmethod
     def submit(call: "Call"):

@@ -90,6 +90,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         default_deadline_ms=args.deadline_ms,
         batch_window_ms=args.batch_window_ms,
         max_batch_tokens=args.max_batch_tokens,
+        max_batch_requests=args.max_batch_requests,
         shared_min_tokens=args.shared_min_tokens,
         close_call_margin=args.close_call_margin,
         allow_approximate_shared_context=args.allow_approximate_shared_context,
@@ -169,6 +170,10 @@ def register(sub) -> None:
     parser.add_argument("--deadline-ms", type=ranged(int, 1, MAX_DEADLINE_MS), default=ServeConfig.default_deadline_ms, help=f"default request deadline (requests may set their own, at most {MAX_DEADLINE_MS})")
     parser.add_argument("--batch-window-ms", type=non_negative_float, default=ServeConfig.batch_window_ms, help="batching: wait this long for queued siblings to join")
     parser.add_argument("--max-batch-tokens", type=positive_int, default=ServeConfig.max_batch_tokens, help="batching: padded tokens per shared pass")
+    parser.add_argument(
+        "--max-batch-requests", type=positive_int, default=ServeConfig.max_batch_requests,
+        help="batching: queued requests one run merges (the rest wait for the next run)",
+    )  # fmt: skip
     parser.add_argument(
         "--shared-min-tokens", type=non_negative_int, default=ServeConfig.shared_min_tokens,
         help="shared_context: share a request's prefix only when (questions - 1) x prefix tokens reaches this",

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from vllm_sr_runtime.defaults import DEFAULT_BATCH_TOKENS, DEFAULT_MIN_SAVED_TOKENS
+from vllm_sr_runtime.defaults import DEFAULT_BATCH_REQUESTS, DEFAULT_BATCH_TOKENS, DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.packages.resolve import parse_model_ref
 
@@ -76,6 +76,7 @@ class ServeConfig:
     default_deadline_ms: int = DEFAULT_DEADLINE_MS
     batch_window_ms: float = 2.0
     max_batch_tokens: int = DEFAULT_BATCH_TOKENS
+    max_batch_requests: int = DEFAULT_BATCH_REQUESTS
     shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS
     close_call_margin: float | None = None  # answers below this top-two margin come again from exact (profiles but exact)
     allow_approximate_shared_context: bool = False  # shared_context for models where it is not exact (non-causal)

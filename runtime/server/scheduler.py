@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from vllm_sr_runtime.defaults import DEFAULT_BATCH_TOKENS
+from vllm_sr_runtime.defaults import DEFAULT_BATCH_REQUESTS, DEFAULT_BATCH_TOKENS
 from vllm_sr_runtime.errors import Overloaded
 from vllm_sr_runtime.families.base import Plan
 from vllm_sr_runtime.model import DecisionModel, Response
@@ -50,6 +50,7 @@ class Scheduler:
         max_queue: int,
         batch_window_ms: float = 2.0,
         max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        max_batch_requests: int = DEFAULT_BATCH_REQUESTS,
         on_batch: Callable[[Any], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
         on_drop: Callable[[Job], None] | None = None,
@@ -57,6 +58,7 @@ class Scheduler:
         self.model = model
         self.batch_window = batch_window_ms / 1000
         self.max_batch_tokens = max_batch_tokens
+        self.max_batch_requests = max_batch_requests
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.on_batch = on_batch
         self.on_depth = on_depth or (lambda depth: None)
@@ -74,8 +76,9 @@ class Scheduler:
         return job
 
     def _drain(self, jobs: list[Job], alone: list[Job]) -> bool:
-        """Moves what is already queued into `jobs` (mergeable) or `alone`; False once the stop marker is seen."""
-        while True:
+        """Moves what is already queued into `jobs` (mergeable) or `alone`, up to `max_batch_requests` in all (the
+        rest waits for the next run); False once the stop marker is seen."""
+        while len(jobs) + len(alone) < self.max_batch_requests:
             try:
                 job = self.queue.get_nowait()
             except queue.Empty:
@@ -83,6 +86,7 @@ class Scheduler:
             if job is None:
                 return False
             (jobs if job.mergeable else alone).append(job)
+        return True
 
     def _run(self) -> None:
         running = True

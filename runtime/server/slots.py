@@ -110,6 +110,7 @@ class ModelSlot:
             max_queue=self.config.max_queue,
             batch_window_ms=self.config.batch_window_ms,
             max_batch_tokens=self.config.max_batch_tokens,
+            max_batch_requests=self.config.max_batch_requests,
             on_batch=lambda batch: self.observe_batch(batch, labels),
             on_depth=lambda depth: metrics.QUEUE_DEPTH.labels(model=self.name).set(depth),
             on_drop=lambda job: metrics.DEADLINE_DROPPED.labels(**labels).inc(len(job.plan.questions)),

@@ -188,10 +188,12 @@ class Server:
     # -- the decision endpoints ---------------------------------------------------------------------
     def decide(self, req: falcon.Request, resp: falcon.Response, endpoint: str) -> None:
         started = time.perf_counter()
-        with self.held_body(req) as body, self.media_slot([body]):
-            call = self.prepare(body, started)
-            job = self.submit(call)
-            payload, timing = self.finish(call, job)
+        with self.held_body(req) as body:
+            slot, options = self.admitted(body)
+            with self.media_slot([body], options["deadline_ms"], started):
+                call = self.planned(slot, options, body, started)
+                job = self.submit(call)
+                payload, timing = self.finish(call, job)
         serialize_start = time.perf_counter()
         data = orjson.dumps(payload)
         serialize = time.perf_counter() - serialize_start
@@ -202,12 +204,20 @@ class Server:
 
     def prepare(self, body: dict, started: float, default_deadline_ms: int | None = None) -> "Call":
         """Validate and render one request (the request thread); raises the request-level errors."""
+        return self.planned(*self.admitted(body, default_deadline_ms), body, started)
+
+    def admitted(self, body: dict, default_deadline_ms: int | None = None) -> tuple[ModelSlot, dict]:
+        """The request's model and options once its body is valid and its model ready."""
         slot, options = self.validate(body, default_deadline_ms)
         if not slot.ready:
             raise NotReady(
                 f"model {slot.name} is {slot.state}" + (f": {slot.reason}" if slot.reason else ""),
                 retry_after_s=None if slot.state == "failed" else LOADING_RETRY_AFTER_S,
             )
+        return slot, options
+
+    def planned(self, slot: ModelSlot, options: dict, body: dict, started: float) -> "Call":
+        """The admitted request rendered (its media decoded) into its model's passes."""
         plan = slot.model.plan(body["state"], body.get("questions"), profile=options["profile"], images=body.get("images"), videos=body.get("videos"))
         parsed = time.perf_counter()
         # the deadline counts from the request's start: reading its body and waiting for a media slot spend it too
@@ -269,16 +279,17 @@ class Server:
         started = time.perf_counter()
         with self.held_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes) as body:
             tasks, default_deadline = self.validate_bundle(body)
-            with self.media_slot([task["body"] for task in tasks if isinstance(task["body"], dict)], default_deadline):
+            media_bodies = [task["body"] for task in tasks if isinstance(task["body"], dict)]
+            with self.media_slot(media_bodies, default_deadline or self.config.default_deadline_ms, started):
                 results = self.answer_tasks(tasks, default_deadline, started, request_id(req))
         metrics.BUNDLE_TASKS.observe(len(tasks))
         for result, task in zip(results, tasks):
             metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
         _json(resp, 200, {"results": results})
 
-    def answer_tasks(self, tasks: list[dict], default_deadline: int | None, started: float, request: str) -> list[dict]:
+    def answer_tasks(self, tasks: list[dict], default_deadline: int | None, started: float, request_id: str) -> list[dict]:
         queued: list[tuple[Call, Any] | dict] = []  # a call on its way, or the task's result when it failed first
-        where = [f"request {request} task {index}" for index in range(len(tasks))]
+        where = [f"request {request_id} task {index}" for index in range(len(tasks))]
         for index, task in enumerate(tasks):
             try:
                 size = len(orjson.dumps(task["body"]))
@@ -302,27 +313,21 @@ class Server:
         return results
 
     @contextmanager
-    def media_slot(self, bodies: list[dict], deadline_ms: int | None = None) -> Iterator[None]:
+    def media_slot(self, bodies: list[dict], deadline_ms: int, started: float) -> Iterator[None]:
         """A request (or bundle) that carries images or videos holds one of the worker's media slots from before its
         media decode until it is answered: its decoded pixels (7.4 MB for a 3 kB PNG of 640x480) are held that long,
-        so the slots bound them as the 8 request threads did. One that finds none free waits, up to its deadline."""
+        so the slots bound them as the 8 request threads did. One that finds none free waits, for what is left of
+        its deadline (a bundle's, else the server's default)."""
         if not any(body.get("images") or body.get("videos") for body in bodies):
             yield
             return
-        wait_s = (self.request_deadline_ms(bodies[0]) if deadline_ms is None else deadline_ms) / 1000
+        wait_s = max(0.0, deadline_ms / 1000 - (time.perf_counter() - started))
         if not self.media_slots.acquire(timeout=wait_s):
-            raise Overloaded(f"every media slot of this worker ({MEDIA_SLOTS}) held a request with images or videos for {wait_s:g} s; retry later")
+            raise Overloaded(f"every media slot of this worker ({MEDIA_SLOTS}) held a request with images or videos until its deadline; retry later")
         try:
             yield
         finally:
             self.media_slots.release()
-
-    def request_deadline_ms(self, body: dict) -> int:
-        options = body.get("options")
-        try:
-            return checked_deadline(options.get("deadline_ms", self.config.default_deadline_ms) if isinstance(options, dict) else self.config.default_deadline_ms)
-        except InvalidRequest:
-            return self.config.default_deadline_ms  # validation answers it
 
     def validate_bundle(self, body: dict) -> tuple[list[dict], int | None]:
         unknown = sorted(set(body) - {"tasks", "options"})

@@ -79,18 +79,18 @@ def test_requests_with_media_wait_for_one_of_the_workers_media_slots():
     pixels live that long); with every slot held, the next one waits up to its deadline and is then refused."""
     from contextlib import ExitStack
 
-    from vllm_sr_runtime.server.app import MEDIA_SLOTS, Server as App
+    from vllm_sr_runtime.server.app import Server as App
     from vllm_sr_runtime.server.config import ServeConfig
 
-    app = App(ServeConfig(models=[]), [])
+    app = App(ServeConfig(models=[], media_slots=3), [])
     image = {"state": "a picture", "images": ["data:image/png;base64,AAAA"]}
     with ExitStack() as held:
-        for _ in range(MEDIA_SLOTS):
+        for _ in range(3):
             held.enter_context(app.media_slot([image], 30_000, time.perf_counter()))
         with app.media_slot([{"state": "text only", "images": []}], 30_000, time.perf_counter()):
             pass  # text never waits
         waited = time.monotonic()
-        with pytest.raises(Overloaded, match="media slot"), app.media_slot([image], 300, time.perf_counter()):
+        with pytest.raises(Overloaded, match="--media-slots 3"), app.media_slot([image], 300, time.perf_counter()):
             pass
         assert time.monotonic() - waited >= 0.3
         waited = time.monotonic()

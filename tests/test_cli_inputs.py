@@ -44,6 +44,7 @@ REFUSED = [
     (["serve", "pkg", "--batch-window-ms", "-1"], "--batch-window-ms: must be >= 0, not -1.0"),
     (["serve", "pkg", "--media-url-timeout", "0"], "--media-url-timeout: must be > 0, not 0.0"),
     (["serve", "pkg", "--result-cache-entries", "-1"], "--result-cache-entries: must be >= 0, not -1"),
+    (["serve", "pkg", "--media-slots", "0"], "--media-slots: must be >= 1, not 0"),  # 0 would refuse every image
 ]
 
 
@@ -65,6 +66,10 @@ def test_lists_and_defaults_parse_to_numbers():
     assert build_parser().parse_args(["export", "pkg", "--out", "a", "--lengths", "128,256"]).lengths == [128, 256]
     serve = build_parser().parse_args(["serve", "--port", "0", "--result-cache-entries", "0", "--batch-window-ms", "0"])
     assert (serve.port, serve.result_cache_entries, serve.batch_window_ms, serve.workers) == (0, 0, 0.0, 1)
+    from vllm_sr_runtime.commands.serve_cmd import build_config
+
+    assert build_config(build_parser().parse_args(["serve", "pkg", "--media-slots", "3"])).media_slots == 3
+    assert build_config(build_parser().parse_args(["serve", "pkg"])).media_slots == 8
 
 
 def test_a_request_file_is_checked_line_by_line_before_any_model_is_loaded(tmp_path, capsys):

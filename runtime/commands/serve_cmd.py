@@ -91,6 +91,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         batch_window_ms=args.batch_window_ms,
         max_batch_tokens=args.max_batch_tokens,
         max_batch_requests=args.max_batch_requests,
+        media_slots=args.media_slots,
         shared_min_tokens=args.shared_min_tokens,
         close_call_margin=args.close_call_margin,
         allow_approximate_shared_context=args.allow_approximate_shared_context,
@@ -191,6 +192,11 @@ def register(sub) -> None:
     parser.add_argument(
         "--media-url-allow", help="Decision 3.0 media: hosts whose http(s) image/video URLs may be fetched "
         "(comma list; *.example.com for subdomains, * for any); default: only data URLs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--media-slots", type=positive_int, default=ServeConfig.media_slots,
+        help="Decision 3.0 media: requests with images or videos a worker holds decoded at once; more wait up to their "
+        "deadline, then get 429 (each holds its decoded pixels: 7.4 MB for a 640x480 image)",
     )  # fmt: skip
     parser.add_argument("--media-url-allow-private", action="store_true", help="also fetch from loopback/private addresses")
     parser.add_argument("--media-url-timeout", type=positive_float, default=ServeConfig.media_url_timeout_s, help="seconds per media URL fetch")

@@ -45,7 +45,6 @@ def _json(resp: falcon.Response, status: int, body: Any) -> None:
 
 OPENAPI = yaml.safe_load(resources.files("vllm_sr_runtime.server").joinpath("openapi.yaml").read_text())
 LOADING_RETRY_AFTER_S = 5  # Retry-After of a 503 from a model still loading or warming (a failed one has none)
-MEDIA_SLOTS = 8  # requests with images or videos a worker holds decoded at once (what its 8 request threads held before)
 DISCARD_BYTES = 64 * 1024 * 1024  # how much of an over-limit body is read and dropped before answering 413
 
 
@@ -71,7 +70,7 @@ class Server:
         self.slots = {slot.name: slot for slot in slots}
         self.aliases = model_aliases(config.models, list(self.slots))
         self.body_budget = BodyBudget(config.inflight_request_bytes())
-        self.media_slots = threading.BoundedSemaphore(MEDIA_SLOTS)
+        self.media_slots = threading.BoundedSemaphore(config.media_slots)
         for slot in slots:
             slot.aliases = sorted(alias for alias, name in self.aliases.items() if name == slot.name)
 
@@ -323,7 +322,7 @@ class Server:
             return
         wait_s = max(0.0, deadline_ms / 1000 - (time.perf_counter() - started))
         if not self.media_slots.acquire(timeout=wait_s):
-            raise Overloaded(f"every media slot of this worker ({MEDIA_SLOTS}) held a request with images or videos until its deadline; retry later")
+            raise Overloaded(f"every media slot of this worker (--media-slots {self.config.media_slots}) held a request with images or videos until its deadline; retry later")
         try:
             yield
         finally:

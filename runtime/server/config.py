@@ -73,6 +73,7 @@ class ServeConfig:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_inflight_request_bytes: int | None = None  # bodies a worker's requests in flight hold; None: inflight_request_bytes()
     max_bundle_tasks: int = 64  # tasks per POST /v1/bundle
+    media_slots: int = 8  # requests with images or videos a worker holds decoded at once (what its 8 request threads held)
     default_deadline_ms: int = DEFAULT_DEADLINE_MS
     batch_window_ms: float = 2.0
     max_batch_tokens: int = DEFAULT_BATCH_TOKENS

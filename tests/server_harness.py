@@ -51,14 +51,16 @@ def metric_total(text: str, name: str, **labels: str) -> float:
 
 
 class Server:
-    def __init__(self, args: list[str], *, uds: str | None = None, env: dict | None = None, log: Path | None = None):
+    def __init__(
+        self, args: list[str], *, uds: str | None = None, env: dict | None = None, log: Path | None = None, log_level: str = "warning"
+    ):
         self.uds = uds
         self.port = None if uds else free_port()
         bind = ["--uds", uds] if uds else ["--port", str(self.port)]
         self.log_path = log
         self.log = open(log, "wb") if log else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "vllm_sr_runtime.cli", "serve", *args, *bind, "--log-level", "warning"],
+            [sys.executable, "-m", "vllm_sr_runtime.cli", "serve", *args, *bind, "--log-level", log_level],
             stdout=self.log, stderr=self.log, env={**os.environ, **(env or {})}, start_new_session=True,
         )  # fmt: skip
 

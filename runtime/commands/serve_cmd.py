@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from vllm_sr_runtime.cli_values import non_negative_float, non_negative_int, port, positive_float, positive_int, ranged
-from vllm_sr_runtime.cpu_threads import share_among_workers
 from vllm_sr_runtime.profiles import installed_profiles
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ModelSpec, ServeConfig, check_names, checked_uds_path, load_models_file
 from vllm_sr_runtime.server.preflight import check_models
@@ -118,7 +117,6 @@ def run(args: argparse.Namespace) -> int:
             "times the models): when every thread waits on a forward, /health and /metrics wait behind them",
             file=sys.stderr,
         )
-    share_among_workers(config.workers)  # before fork: torch's pool reads it when a worker starts it
     from vllm_sr_runtime.server.gunicorn_app import ServeApplication
 
     # a reload (SIGHUP) reads the --models file again and checks it as a start does

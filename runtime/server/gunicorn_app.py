@@ -13,7 +13,7 @@ from pathlib import Path
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
-from vllm_sr_runtime.cpu_threads import cpu_threads
+from vllm_sr_runtime.cpu_threads import cpu_threads, share_among_workers
 from vllm_sr_runtime.server.config import ServeConfig
 from vllm_sr_runtime.server.listeners import inherits_listeners, prepare_uds, upgrading_from
 
@@ -108,6 +108,11 @@ class ServeApplication(BaseApplication):
             multiprocess.mark_process_dead(worker.pid, metrics_dir)
             settled_mark(worker.pid).unlink(missing_ok=True)
 
+        def pre_fork(server, worker) -> None:
+            # torch's pool reads the share when the worker starts it; a worker forked after a TTIN or TTOU gets the
+            # share of the count then (the running ones keep theirs until a reload)
+            ServeApplication.cpu_share.update(share_among_workers(server.num_workers, ServeApplication.cpu_share))
+
         def post_fork(server, worker) -> None:
             ServeApplication.current_worker = worker
             ServeApplication.others_at_fork = len(server.WORKERS)  # the workers that serve while this one starts
@@ -131,12 +136,14 @@ class ServeApplication(BaseApplication):
             "loglevel": config.log_level,
             "proc_name": "vllm-sr-runtime",
             "child_exit": child_exit,
+            "pre_fork": pre_fork,
             "post_fork": post_fork,
             "umask": 0o077 if config.uds else 0o022,
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
 
+    cpu_share: dict[str, str] = {}  # the master's: what share_among_workers set
     current_worker = None
     others_at_fork = 0
     old_master_serves = False

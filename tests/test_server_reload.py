@@ -9,6 +9,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from hub_server import PINNED_REVISION, HubServer
 from server_harness import Server, metric_total
 
@@ -92,18 +94,20 @@ def answered_total(server: Server) -> float:
     return metric_total(server.request("GET", "/metrics").body.decode(), "vllm_sr_runtime_requests_total", endpoint="/v1/systemone", status="200")
 
 
-def new_master(server: Server, timeout: float = 60) -> int:
-    """The master a binary upgrade (USR2) started: the old master's child that has children (its workers)."""
+def new_master(server: Server, workers: int = 1, timeout: float = 60) -> int:
+    """The master a binary upgrade (USR2) started: the old master's child that has children (its workers), once it
+    has `workers` of them."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         for pid in server.workers():
-            if Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            if len(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()) >= workers:
                 return pid
         time.sleep(0.2)
     raise TimeoutError(f"no new master after USR2: {server.tail()}")
 
 
-def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packages, tmp_path: Path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packages, tmp_path: Path, workers: int):
     """USR2 starts a new master on the old one's listeners. Before, the new master unlinked the socket the two share
     (the server was unreachable once the old one stopped), and its worker answered 503 "loading" beside the old
     master's, which still served. A second server given the same socket is refused instead of taking it over."""
@@ -116,7 +120,7 @@ def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packag
     with HubServer() as hub:
         hub.add("synthetic/d2-tiny", REVISION, packages["d2_qwen3"])
         hub.listing_delay_s = 5.0  # the new master's worker loads a model from a slow Hub: its load is seen
-        args = ["--models", str(models), "--device", "cpu", "--workers", "1", "--cache-dir", str(tmp_path / "cache")]
+        args = ["--models", str(models), "--device", "cpu", "--workers", str(workers), "--cache-dir", str(tmp_path / "cache")]
         scratch = tmp_path / "tmp"  # the masters' metrics and settled folders: none may be left behind
         scratch.mkdir()
         server = Server(args, uds=str(socket_path), env={"HF_ENDPOINT": hub.endpoint, "TMPDIR": str(scratch)}, log=tmp_path / "log")
@@ -126,12 +130,13 @@ def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packag
             assert rival.process.wait(timeout=120) == 1 and "another server is listening on this socket" in rival.tail()
             assert server.post({"model": "first", "state": STATE, "questions": QUESTION}).status == 200
 
-            [old_worker] = server.workers()
+            old_workers = server.workers()
+            assert len(old_workers) == workers
             answered_before = answered_total(server)
             models.write_text(first + f"  - model: synthetic/d2-tiny\n    revision: \"{REVISION}\"\n    name: second\n")
             os.kill(server.process.pid, signal.SIGUSR2)
-            upgraded = new_master(server)
-            [new_worker] = [int(pid) for pid in Path(f"/proc/{upgraded}/task/{upgraded}/children").read_text().split()]
+            upgraded = new_master(server, workers)
+            new_workers = [int(pid) for pid in Path(f"/proc/{upgraded}/task/{upgraded}/children").read_text().split()]
             statuses, until = [], time.time() + 15  # longer than the new worker's load
             while time.time() < until:
                 statuses.append(server.post({"model": "first", "state": STATE, "questions": QUESTION}).status)
@@ -151,7 +156,7 @@ def test_a_binary_upgrade_keeps_its_unix_socket_and_never_answers_loading(packag
             # each worker's log lines take gunicorn's shape with the worker's pid: the old and the new worker are told apart
             pattern = r"^\[[^\]]+\] \[(\d+)\] \[WARNING\] vllm_sr_runtime\.server: model first: golden answers unverified"
             writers = set(re.findall(pattern, (tmp_path / "log").read_text(), flags=re.MULTILINE))
-            assert writers == {str(old_worker), str(new_worker)}, (writers, server.tail())
+            assert writers == {str(pid) for pid in [*old_workers, *new_workers]}, (writers, server.tail())
         finally:
             server.stop()
             try:

@@ -69,6 +69,18 @@ def test_aspect_ratio_limit():
         smart_resize(10, 2010, 65_536, 1_638_400)
 
 
+def test_an_image_of_a_refused_shape_is_named_and_never_decoded(monkeypatch):
+    """The aspect ratio is read from the header: the error names which image and its size, and the pixels are
+    never decoded (a 20000x60 PNG would be decoded for nothing)."""
+    from PIL import Image
+
+    decoded = []
+    monkeypatch.setattr(Image.Image, "convert", lambda self, *a, **k: decoded.append(self.size))
+    with pytest.raises(InvalidRequest, match=r"images\[1\] of 20000x60 px has an aspect ratio of 333, above 200"):
+        decode_image(data_url("image/png", png(20000, 60)), what="images[1]")
+    assert decoded == []
+
+
 @pytest.mark.parametrize(
     ("total", "fps", "expected"),
     [

@@ -89,12 +89,14 @@ def visual_tokens(height: int, width: int) -> int:
     return (height // PATCH) * (width // PATCH) // (MERGE * MERGE)
 
 
-def smart_resize(height: int, width: int, min_pixels: int, max_pixels: int, factor: int = FACTOR, max_aspect: float = 200.0) -> tuple[int, int]:
+def smart_resize(
+    height: int, width: int, min_pixels: int, max_pixels: int, factor: int = FACTOR, max_aspect: float = 200.0, what: str = "image"
+) -> tuple[int, int]:
     """Qwen2-VL's smart_resize: sides rounded to multiples of `factor`, area scaled into [min, max]."""
     if min(height, width) < 1:
-        raise InvalidRequest(f"image of {width}x{height} px has no pixels")
+        raise InvalidRequest(f"{what} of {width}x{height} px has no pixels")
     if max(height, width) / min(height, width) > max_aspect:
-        raise InvalidRequest(f"aspect ratio {max(height, width) / min(height, width):.0f} is above {max_aspect:.0f}")
+        raise InvalidRequest(f"{what} of {width}x{height} px has an aspect ratio of {max(height, width) / min(height, width):.0f}, above {max_aspect:.0f}")
     h_bar = max(factor, round(height / factor) * factor)
     w_bar = max(factor, round(width / factor) * factor)
     if h_bar * w_bar > max_pixels:
@@ -161,14 +163,15 @@ def decode_image(url: object, limits: MediaLimits = MediaLimits(), what: str = "
             width, height = image.size  # header only: nothing decoded yet
             if width * height > limits.image_source_pixels:
                 raise RequestTooLarge(f"{what} is {width}x{height} px, over {limits.image_source_pixels} source pixels")
+            # from the header: a size the model refuses is refused before its decode
+            new_height, new_width = smart_resize(height, width, limits.image_min_pixels, limits.image_max_pixels, max_aspect=limits.max_aspect, what=what)
             rgb = image.convert("RGB")  # decodes; no EXIF rotation (as the reference)
-    except RequestTooLarge:
+    except (InvalidRequest, RequestTooLarge):
         raise
     except Image.DecompressionBombError as exc:
         raise RequestTooLarge(f"{what}: refused as a decompression bomb ({exc})") from None
     except Exception as exc:  # PIL raises UnidentifiedImageError, OSError (truncated), SyntaxError, ...
         raise InvalidRequest(f"{what} is not a valid {mime} image ({type(exc).__name__}: {exc})") from None
-    new_height, new_width = smart_resize(height, width, limits.image_min_pixels, limits.image_max_pixels, max_aspect=limits.max_aspect)
     return DecodedImage(pixels=_resize(rgb, new_height, new_width), height=new_height, width=new_width)
 
 
@@ -186,6 +189,7 @@ def decode_video(url: object, limits: MediaLimits = MediaLimits(), what: str = "
             width, height = stream.codec_context.width, stream.codec_context.height
             if width * height > limits.frame_source_pixels:
                 raise RequestTooLarge(f"{what}: frames of {width}x{height} px are over {limits.frame_source_pixels} pixels")
+            new_height, new_width = smart_resize(height, width, limits.frame_min_pixels, limits.frame_max_pixels, max_aspect=limits.max_aspect, what=what)
             fps = float(stream.average_rate or 0) or limits.fallback_fps
             if not 1.0 <= fps <= 240.0:
                 fps = limits.fallback_fps  # implausible rate
@@ -209,7 +213,6 @@ def decode_video(url: object, limits: MediaLimits = MediaLimits(), what: str = "
         if len(picked) < len(wanted):  # the container promised more frames than it holds
             fallback = picked[max(picked)] if picked else last.to_ndarray(format="rgb24")
             picked.update({index: fallback for index in wanted - set(picked)})
-        new_height, new_width = smart_resize(height, width, limits.frame_min_pixels, limits.frame_max_pixels, max_aspect=limits.max_aspect)
     except (InvalidRequest, RequestTooLarge):
         raise
     except Exception as exc:  # av.error.* for truncated or foreign containers

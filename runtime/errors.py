@@ -56,9 +56,15 @@ class RequestTooLarge(RuntimeServiceError):
 
 
 class Overloaded(RuntimeServiceError):
+    """`limit`: which of the server's limits refused the request (queue, inflight_bytes, media_slots)."""
+
     status = 429
     code = "overloaded"
     retry_after_s: int | None = 1  # the queue drains within a forward or two
+
+    def __init__(self, message: str, limit: str):
+        super().__init__(message)
+        self.limit = limit
 
 
 class NotReady(RuntimeServiceError):

@@ -46,7 +46,7 @@ def metric_total(text: str, name: str, **labels: str) -> float:
     """The sum of the samples of `name` in a Prometheus text page whose labels include `labels`."""
     wanted = [f'{key}="{value}"' for key, value in labels.items()]
     return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") and all(label in line for label in wanted)
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + "{", name + " ")) and all(label in line for label in wanted)
     )
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from server_harness import Contract, Server
+from server_harness import Contract, Server, metric_total
 from vllm_sr_runtime.errors import Overloaded
 from vllm_sr_runtime.server.body_budget import BodyBudget
 
@@ -57,6 +57,7 @@ def test_a_server_answers_429_to_a_body_beyond_the_budget_and_takes_it_once_one_
     try:
         server.wait()
         slow, body = slow_request(server, 900_000)  # holds its size of the budget while its body arrives
+        held = metric_total(server.request("GET", "/metrics").body.decode(), "vllm_sr_runtime_inflight_request_bytes")
         refused = server.request("POST", "/v1/systemone", raw=body_of(900_000))
         small = server.post({"state": "short", "questions": QUESTIONS})
         slow.send(body[1000:])
@@ -64,6 +65,7 @@ def test_a_server_answers_429_to_a_body_beyond_the_budget_and_takes_it_once_one_
         answered_body = json.loads(answered.read())
         slow.close()
         again = server.request("POST", "/v1/systemone", raw=body_of(900_000))
+        page = server.request("GET", "/metrics").body.decode()
     finally:
         server.stop()
     CONTRACT.check("/v1/systemone", "POST", refused)
@@ -72,6 +74,10 @@ def test_a_server_answers_429_to_a_body_beyond_the_budget_and_takes_it_once_one_
     assert small.status == 200  # what fits beside it is taken
     assert answered.status == 200 and answered_body["answers"]["a"]["error"] == "max_length_exceeded"
     assert again.status == 200  # the slow request's bytes went back to the budget when it ended
+    # an operator sees what the budget holds and which limit refused
+    assert held == 900_000
+    assert metric_total(page, "vllm_sr_runtime_overloaded_requests_total", limit="inflight_bytes") == 1
+    assert metric_total(page, "vllm_sr_runtime_inflight_request_bytes") == 0
 
 
 def test_requests_with_media_wait_for_one_of_the_workers_media_slots():
@@ -84,14 +90,22 @@ def test_requests_with_media_wait_for_one_of_the_workers_media_slots():
 
     app = App(ServeConfig(models=[], media_slots=3), [])
     image = {"state": "a picture", "images": ["data:image/png;base64,AAAA"]}
+    from prometheus_client import REGISTRY
+
+    def slots_held() -> float:
+        return REGISTRY.get_sample_value("vllm_sr_runtime_media_slots_held") or 0.0
+
+    before = slots_held()
     with ExitStack() as held:
         for _ in range(3):
             held.enter_context(app.media_slot([image], 30_000, time.perf_counter()))
+        assert slots_held() == before + 3
         with app.media_slot([{"state": "text only", "images": []}], 30_000, time.perf_counter()):
             pass  # text never waits
         waited = time.monotonic()
-        with pytest.raises(Overloaded, match="--media-slots 3"), app.media_slot([image], 300, time.perf_counter()):
+        with pytest.raises(Overloaded, match="--media-slots 3") as refused, app.media_slot([image], 300, time.perf_counter()):
             pass
+        assert refused.value.limit == "media_slots"
         assert time.monotonic() - waited >= 0.3
         waited = time.monotonic()
         with pytest.raises(Overloaded), app.media_slot([{"state": "text"}, image], 2_000, time.perf_counter() - 10):  # a bundle with one
@@ -99,3 +113,4 @@ def test_requests_with_media_wait_for_one_of_the_workers_media_slots():
         assert time.monotonic() - waited < 1.5  # its deadline was spent before it asked (reading its body, say): no wait
     with app.media_slot([image], 30_000, time.perf_counter()):
         pass  # released when the requests were answered
+    assert slots_held() == before

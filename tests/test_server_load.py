@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_harness import Contract, Server
+from server_harness import Contract, Server, metric_total
 
 CONTRACT = Contract()
 STATE = "Merge two sorted lists."
@@ -103,6 +103,10 @@ def load(server: Server, seconds: float, clients: int, results: list, stop: thre
 
 
 def test_64_clients_get_answers_or_429_never_5xx(server):
+    def queue_refusals() -> float:
+        return metric_total(server.request("GET", "/metrics").body.decode(), "vllm_sr_runtime_overloaded_requests_total", limit="queue")
+
+    refused_before = queue_refusals()
     results: list = []
     for thread in load(server, 6.0, 64, results, threading.Event()):
         thread.join(timeout=60)
@@ -112,6 +116,7 @@ def test_64_clients_get_answers_or_429_never_5xx(server):
     assert all(status in (200, 429) for status in statuses), set(statuses)
     assert statuses.count(429) > 0 and statuses.count(200) > 0
     assert all(retry == "1" for status, retry, _ in results if status == 429)
+    assert queue_refusals() - refused_before == statuses.count(429)  # /metrics says which limit refused them
     assert all(set(body["answers"]) == {"a", "b"} and "error" not in body["answers"]["a"] for status, _, body in results if status == 200)
 
 

@@ -24,10 +24,12 @@ def served(server: Server) -> list[str]:
 
 
 def until_replaced(server: Server, old: list[int], timeout: float = 120) -> list[int]:
-    """Statuses of requests for model `first`, sent while the reload's new workers load, until every old worker is gone."""
+    """Statuses of requests for model `first` and of readiness probes (/health), sent while the reload's new workers
+    load, until every old worker is gone (a new worker counts toward readiness only once it answers)."""
     statuses, deadline = [], time.time() + timeout
     while time.time() < deadline and set(old) & set(server.workers()):
         statuses.append(server.post({"model": "first", "state": STATE, "questions": QUESTION}).status)
+        statuses.append(server.request("GET", "/health").status)
         time.sleep(0.2)
     assert not set(old) & set(server.workers()), f"the old workers {old} still run: {server.tail()}"
     return statuses

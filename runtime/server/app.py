@@ -69,7 +69,7 @@ class Server:
         self.config = config
         self.slots = {slot.name: slot for slot in slots}
         self.aliases = model_aliases(config.models, list(self.slots))
-        self.body_budget = BodyBudget(config.inflight_request_bytes())
+        self.body_budget = BodyBudget(config.inflight_request_bytes(), metrics.INFLIGHT_BODY_BYTES.set)
         self.media_slots = threading.BoundedSemaphore(config.media_slots)
         for slot in slots:
             slot.aliases = sorted(alias for alias, name in self.aliases.items() if name == slot.name)
@@ -322,10 +322,12 @@ class Server:
             return
         wait_s = max(0.0, deadline_ms / 1000 - (time.perf_counter() - started))
         if not self.media_slots.acquire(timeout=wait_s):
-            raise Overloaded(f"every media slot of this worker (--media-slots {self.config.media_slots}) held a request with images or videos until its deadline; retry later")
+            raise Overloaded(f"every media slot of this worker (--media-slots {self.config.media_slots}) held a request with images or videos until its deadline; retry later", "media_slots")
+        metrics.MEDIA_SLOTS_HELD.inc()
         try:
             yield
         finally:
+            metrics.MEDIA_SLOTS_HELD.dec()
             self.media_slots.release()
 
     def validate_bundle(self, body: dict) -> tuple[list[dict], int | None]:
@@ -400,11 +402,17 @@ class HealthResource:
         self.server = server
 
     def on_get(self, req, resp) -> None:
+        """This worker's models; ready only when every worker answering for them has them ready (with several
+        workers, a readiness probe reaches one, and a sibling still loading would answer 503)."""
         states = {name: slot.status() for name, slot in self.server.slots.items()}
-        ready = all(slot.ready for slot in self.server.slots.values())
+        everywhere = metrics.ready_in_every_worker() or {}
+        for name, slot in self.server.slots.items():
+            if slot.ready and not everywhere.get(name, True):
+                states[name]["every_worker"] = False
+        ready = all(slot.ready for slot in self.server.slots.values()) and not any("every_worker" in s for s in states.values())
         if ready:
             status = "ready"
-        elif any(s["status"] in ("loading", "warming") for s in states.values()):
+        elif any(s["status"] in ("loading", "warming") or "every_worker" in s for s in states.values()):
             status = "loading"  # not settled yet, whatever has failed meanwhile (each model's own state says)
         else:
             status = "degraded" if any(s["status"] == "ready" for s in states.values()) else "failed"
@@ -461,6 +469,8 @@ def request_id(req: falcon.Request) -> str:
 def error_response(error: Exception, where: str) -> tuple[int, dict]:
     """The status and `{"error": {"code", "message"}}` envelope of any error (the one place they are made). An
     unexpected one is logged with its traceback and `where` (the request id), which its 500's message names too."""
+    if isinstance(error, Overloaded):
+        metrics.OVERLOADED.labels(limit=error.limit).inc()
     if isinstance(error, RuntimeServiceError):
         return error.status, error.envelope()
     if isinstance(error, falcon.HTTPError):

@@ -5,13 +5,15 @@ bodies (base64 images, up to --max-request-bytes each) would hold hundreds of th
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from vllm_sr_runtime.errors import Overloaded
 
 
 class BodyBudget:
-    def __init__(self, limit: int):
-        self.limit, self.held, self.lock = limit, 0, threading.Lock()
+    def __init__(self, limit: int, on_held: Callable[[int], None] = lambda held: None):
+        """`on_held` is told the bytes held after every change (a gauge)."""
+        self.limit, self.held, self.lock, self.on_held = limit, 0, threading.Lock(), on_held
 
     def reserve(self, size: int) -> "Holding":
         """Holds `size` bytes until the holding is released, or refuses the request (429) where the bodies in flight
@@ -20,9 +22,11 @@ class BodyBudget:
             if self.held and self.held + size > self.limit:
                 raise Overloaded(
                     f"this worker's requests in flight hold {self.held} bytes of bodies and this one may take {size} "
-                    f"(--max-inflight-request-bytes {self.limit}); retry later"
+                    f"(--max-inflight-request-bytes {self.limit}); retry later",
+                    "inflight_bytes",
                 )
             self.held += size
+            self.on_held(self.held)
         return Holding(self, size)
 
 
@@ -37,8 +41,10 @@ class Holding:
         with self.budget.lock:
             self.budget.held += size - self.size
             self.size = size
+            self.budget.on_held(self.budget.held)
 
     def release(self) -> None:
         with self.budget.lock:
             self.budget.held -= self.size
             self.size = 0
+            self.budget.on_held(self.budget.held)

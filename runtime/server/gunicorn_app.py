@@ -187,13 +187,13 @@ class ServeApplication(BaseApplication):
         # gunicorn's own line shape, the worker's pid included: with several workers each line says whose it is
         logging.basicConfig(level=self.config.log_level.upper(), format=WORKER_LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S %z")
         logging.getLogger("vllm_sr_runtime.server").info("this worker computes on %d CPU thread(s)", cpu_threads())
-        names = [spec.served_name() for spec in self.config.models]
-        slots = [ModelSlot(spec, self.config, name) for spec, name in zip(self.config.models, names)]
         worker = ServeApplication.current_worker
         mark = self.settled_mark(os.getpid())
         # gunicorn numbers workers 1, 2, ... as it spawns them: a higher number replaces one, or is a reload's
         replaces_one = worker is not None and worker.age > self.config.workers and ServeApplication.others_at_fork > 0
         started_while_others_serve = replaces_one or ServeApplication.old_master_serves
+        names = [spec.served_name() for spec in self.config.models]
+        slots = [ModelSlot(spec, self.config, name, accepts_while_loading=not started_while_others_serve) for spec, name in zip(self.config.models, names)]
         if started_while_others_serve:
             loading = threading.Event()
             threading.Thread(target=_heartbeat, args=(worker, loading), daemon=True).start()

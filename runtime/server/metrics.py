@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -23,6 +25,11 @@ BATCH_ROWS = Histogram(f"{PREFIX}_batch_rows", "Rows per forward pass", ["model"
 BATCH_TOKENS = Histogram(f"{PREFIX}_batch_tokens", "Padded tokens per forward pass", ["model", "profile"], buckets=TOKEN_BUCKETS)
 SHARED_PASSES = Counter(f"{PREFIX}_shared_passes", "shared_context passes (one prefix, many question rows)", ["model"])
 SHARED_PREFIX_TOKENS = Counter(f"{PREFIX}_shared_prefix_tokens", "Prefix tokens run once instead of once per question", ["model"])
+OVERLOADED = Counter(f"{PREFIX}_overloaded_requests", "Requests answered 429, by the limit that refused them", ["limit"])
+INFLIGHT_BODY_BYTES = Gauge(
+    f"{PREFIX}_inflight_request_bytes", "Request-body bytes held by requests in flight (--max-inflight-request-bytes per worker)", multiprocess_mode="livesum"
+)
+MEDIA_SLOTS_HELD = Gauge(f"{PREFIX}_media_slots_held", "Media slots held by requests with images or videos (--media-slots per worker)", multiprocess_mode="livesum")
 QUEUE_DEPTH = Gauge(f"{PREFIX}_queue_depth", "Jobs waiting per model", ["model"], multiprocess_mode="livesum")
 BUNDLE_TASKS = Histogram(f"{PREFIX}_bundle_tasks", "Tasks per POST /v1/bundle", buckets=BUNDLE_TASK_BUCKETS)
 RESULT_CACHE = Counter(f"{PREFIX}_result_cache_questions", "Question rows looked up in the result cache", ["model", "outcome"])
@@ -34,6 +41,19 @@ READY = Gauge(f"{PREFIX}_ready", "1 when the model is ready in every live worker
 MODEL_INFO = Gauge(
     f"{PREFIX}_model_info", "Loaded model", ["model", "revision", "family", "engine", "device", "profile"], multiprocess_mode="livemax"
 )
+
+
+def ready_in_every_worker() -> dict[str, bool] | None:
+    """Per model, whether every live worker that answers for it has it ready (READY's minimum over the workers'
+    files); None outside serve's multiprocess mode, where this process is the only one."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    for metric in registry.collect():
+        if metric.name == f"{PREFIX}_ready":
+            return {sample.labels["model"]: sample.value >= 1 for sample in metric.samples}
+    return {}
 
 
 def render() -> tuple[bytes, str]:

@@ -71,7 +71,7 @@ class Scheduler:
         try:
             self.queue.put_nowait(job)
         except queue.Full:
-            raise Overloaded(f"the queue of model {self.model.name} is full ({self.queue.maxsize} requests); retry later") from None
+            raise Overloaded(f"the queue of model {self.model.name} is full ({self.queue.maxsize} requests); retry later", "queue") from None
         self.on_depth(self.queue.qsize())
         return job
 

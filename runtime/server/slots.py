@@ -19,7 +19,9 @@ WARMUP_QUESTIONS = {"warmup": {"type": "noul", "instructions": "Is this a warm-u
 
 
 class ModelSlot:
-    def __init__(self, spec: ModelSpec, config: ServeConfig, name: str):
+    def __init__(self, spec: ModelSpec, config: ServeConfig, name: str, accepts_while_loading: bool = True):
+        """`accepts_while_loading`: the worker answers while this model loads, so the server is not ready until it
+        is; a worker that loads before it accepts counts only once it does (its siblings serve meanwhile)."""
         self.spec = spec
         self.config = config
         self.name = name
@@ -31,7 +33,8 @@ class ModelSlot:
         self.profiles = [self.profile]
         self.aliases: list[str] = []  # other names requests may use (the server sets them)
         self.attempts = 0  # load tries so far
-        metrics.READY.labels(model=name).set(0)
+        if accepts_while_loading:
+            metrics.READY.labels(model=name).set(0)
 
     def load(self, one_at_a_time: threading.Lock | None = None) -> None:
         """Load and warm the model, retrying transient failures with back-off; the last failure is final.
@@ -57,6 +60,7 @@ class ModelSlot:
                     continue
                 tried = f" after {attempt} tries" if attempt > 1 else ""
                 self.state, self.reason = "failed", f"{reason}{tried}"
+                metrics.READY.labels(model=self.name).set(0)
                 log.error("model %s failed to load: %s", self.name, self.reason)
                 return
             self._serve(model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vllm_sr_runtime.cli_options import add_quiet_option, add_source_options
 from vllm_sr_runtime.cli_values import counts, ranged
 from vllm_sr_runtime.export.export_options import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, SUPPORTED_DTYPES, VARIANTS
 from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, MOSTLY_FP32_SHARE, WEIGHT_BITS_CHOICES
@@ -125,8 +126,8 @@ def register(sub) -> None:
     parser.add_argument("package", help="PATH, REPO (a pinned release) or REPO@REV")
     parser.add_argument("--out", required=True, help="artifact directory (written atomically)")
     parser.add_argument("--variant", default="contrib", choices=VARIANTS, help="contrib: com.microsoft fused GDN ops; portable: standard ops only, one static-length graph per --lengths (MIGraphX)")
-    parser.add_argument("--dtype", default="fp32", choices=list(SUPPORTED_DTYPES))
-    parser.add_argument("--opset", type=ranged(int, MIN_OPSET, MAX_OPSET), default=DEFAULT_OPSET)
+    parser.add_argument("--dtype", default="fp32", choices=list(SUPPORTED_DTYPES), help="the graph's numerics (fp32 is the reference; others are gated by smoke parity)")
+    parser.add_argument("--opset", type=ranged(int, MIN_OPSET, MAX_OPSET), default=DEFAULT_OPSET, help=f"ONNX opset of the graph (default {DEFAULT_OPSET})")
     parser.add_argument(
         "--shared-context", action="store_true",
         help="also export the shared_context graph (a request's common prefix once, its questions continue from it)",
@@ -176,10 +177,8 @@ def register(sub) -> None:
         "(AVX2, or AVX-512 without AVX512_VNNI), where ONNX Runtime's int8 kernel sums byte products in saturating 16 bits "
         "that 8-bit weights overflow: an 8-bit artifact is refused there (`serve`, `parity`, and this export's smoke parity)",
     )  # fmt: skip
-    parser.add_argument("--cache-dir")
-    parser.add_argument("--offline", action="store_true")
-    parser.add_argument("--base-path")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_source_options(parser)
+    add_quiet_option(parser)
     parser.set_defaults(func=run)
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vllm_sr_runtime.cli_options import add_quiet_option, add_source_options
 from vllm_sr_runtime.cli_values import fraction
 from vllm_sr_runtime.defaults import DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.profiles import installed_profiles, profile_named, unused_artifact
@@ -100,11 +101,11 @@ def run(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     parser = sub.add_parser("parity", help="compare a profile's answers with exact's on a question suite")
     parser.add_argument("model", help="package directory or REPO@REV")
-    parser.add_argument("--against", default="exact", choices=sorted(installed_profiles()))
-    parser.add_argument("--profile", default="max_speed", choices=sorted(installed_profiles()))
+    parser.add_argument("--against", default="exact", choices=sorted(installed_profiles()), help="the reference profile (default exact)")
+    parser.add_argument("--profile", default="max_speed", choices=sorted(installed_profiles()), help="the candidate profile measured against it")
     parser.add_argument("--artifact", help="artifact for the candidate profile (default: the cache's, exported on first use)")
     parser.add_argument("--suite", default="builtin", help="builtin (416+ questions), short (its first 80 short questions, choices of <= 12 options), or a JSONL file with one System One request per line")
-    parser.add_argument("--out", default="parity-report")
+    parser.add_argument("--out", default="parity-report", help="the report folder (parity.json, report.html and plots)")
     parser.add_argument(
         "--max-changed-rate", type=fraction,
         help="fail when more than this fraction of decisions change (default: 0.01 for fp16, bf16, int8 and approximate profiles; not gated for fp32)",
@@ -122,9 +123,7 @@ def register(sub) -> None:
         help="the candidate answers again with exact every question whose top-two margin is below M, as `serve --close-call-margin` "
         "does; parity.json records how many (close_calls)",
     )  # fmt: skip
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--cache-dir")
-    parser.add_argument("--offline", action="store_true")
-    parser.add_argument("--base-path")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda[:N], rocm[:N] or auto (both profiles run there)")
+    add_source_options(parser)
+    add_quiet_option(parser)
     parser.set_defaults(func=run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vllm_sr_runtime.cli_options import add_quiet_option
 from vllm_sr_runtime.cli_values import choice_list, counts, positive_float, positive_int
 
 
@@ -47,5 +48,5 @@ def register(sub) -> None:
     parser.add_argument("--http-seconds", type=positive_float, default=10.0, help="seconds per client count")
     parser.add_argument("--questions", type=positive_int, default=40, help="parity questions per fixture and dtype")
     parser.add_argument("--repeats", type=positive_int, default=3, help="forward runs per length and profile")
-    parser.add_argument("--quiet", action="store_true")
+    add_quiet_option(parser)
     parser.set_defaults(func=run)

@@ -8,14 +8,9 @@ import os
 import sys
 from pathlib import Path
 
+from vllm_sr_runtime.cli_options import add_source_options
 from vllm_sr_runtime.cli_values import positive_float, positive_int
 from vllm_sr_runtime.errors import RuntimeServiceError
-
-
-def _add_source_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-dir", help="package cache (default $VLLM_SR_RUNTIME_CACHE_DIR or ~/.cache/vllm-sr-runtime)")
-    parser.add_argument("--offline", action="store_true", help="never reach a hub; use the cache only")
-    parser.add_argument("--base-path", help="local copy of an adapter package's pinned base checkpoint")
 
 
 def cmd_fixture(args: argparse.Namespace) -> int:
@@ -89,11 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     fixture = sub.add_parser("fixture", help="write a deterministic synthetic (random-weight) package")
-    fixture.add_argument("--family", required=True, choices=["decision2", "decision3"])
+    fixture.add_argument("--family", required=True, choices=["decision2", "decision3"], help="Decision 2.0 (Kai, Eos, Sol, Nox, Lux, Vega) or Decision 3.0")
     fixture.add_argument("--backbone", choices=["qwen3", "qwen3_5"], help="decision2 only (default qwen3_5)")
     fixture.add_argument("--adapter", action="store_true", help="decision2: base checkpoint + LoRA adapter (Vega layout)")
     fixture.add_argument("--size", default="tiny", help="tiny, or real dimensions: lite, nano (decision3); eos, sol, kai (decision2)")
-    fixture.add_argument("--seed", type=int, default=0)
+    fixture.add_argument("--seed", type=int, default=0, help="the random weights' seed: the same seed writes the same files")
     fixture.add_argument(
         "--no-golden", action="store_true",
         help="do not record the package's exact answers to the golden suite (golden_answers.json, replayed while serve warms it)",
@@ -104,16 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--vision", action="store_true", help="decision3: add a vision tower (visual. weights, processor configs)")
     fixture.add_argument("--max-length", type=int, help="decision3: the longest prompt the package declares (default 4096)")
     fixture.add_argument("--layers", type=positive_int, help="change the backbone's depth (hybrid backbones keep the 3:1 GDN / full-attention pattern)")
-    fixture.add_argument("--out", required=True)
+    fixture.add_argument("--out", required=True, help="the package folder to write")
     fixture.set_defaults(func=cmd_fixture)
 
     verify = sub.add_parser("verify", help="verify a package (local dir or REPO@REV), or an exported artifact, without loading it")
     verify.add_argument("package", help="PATH, REPO (a pinned release's default revision) or REPO@REV; or an artifact's folder")
-    _add_source_options(verify)
+    add_source_options(verify)
     verify.set_defaults(func=cmd_verify)
 
     models = sub.add_parser("models", help="list the built-in pinned releases, every pinned revision, the default marked")
-    models.add_argument("--json", action="store_true")
+    models.add_argument("--json", action="store_true", help="print the table as JSON")
     models.set_defaults(func=cmd_models)
 
     for register in _optional_commands():

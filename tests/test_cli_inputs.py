@@ -315,3 +315,18 @@ def test_a_reader_that_goes_away_stops_the_command_quietly():
         os.close(write_end)
     assert result.stderr == ""
     assert result.returncode == 141
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    """`--help` explains each flag (several said nothing: --offline, --cache-dir, --out, --device, ...)."""
+    import argparse
+
+    [commands] = [action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    silent = {
+        f"{name} {action.option_strings[0] if action.option_strings else action.dest}"
+        for name, parser in commands.choices.items()
+        for action in parser._actions
+        if not action.help and not isinstance(action, argparse._HelpAction)
+    }
+    assert not silent, sorted(silent)
+    assert "offline" in {action.dest for action in commands.choices["bench"]._actions}  # it loads packages as the others do

@@ -9,6 +9,7 @@ import platform
 import sys
 from pathlib import Path
 
+from vllm_sr_runtime.cli_options import add_quiet_option, add_source_options
 from vllm_sr_runtime.cli_values import choice_list, counts, positive_float, positive_int
 from vllm_sr_runtime.profiles import installed_profiles
 from vllm_sr_runtime.report_folders import figure_png, prepare_report_folder, write_report_file
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             for artifact in _artifacts_for(profile, artifacts):
                 model = vllm_sr_runtime.load(
                     args.model, device=args.device, profile=profile, artifact=artifact, cache_dir=args.cache_dir, base_path=args.base_path,
-                    allow_approximate_shared_context=True,  # timed, not served
+                    offline=args.offline or None, allow_approximate_shared_context=True,  # timed, not served
                 )
                 if args.media != "none" and not model.family.reads_media:  # before the other profiles load, not after
                     raise ValueError(f"--media {args.media}: {model.name} has no vision tower (Decision 3.0 packages with one read images and videos)")
@@ -194,7 +195,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--mode export needs a package")
         result["model"] = args.model
         result["rows"] = []
-        extra = (["--base-path", args.base_path] if args.base_path else []) + (["--cache-dir", args.cache_dir] if args.cache_dir else [])
+        extra = (
+            (["--base-path", args.base_path] if args.base_path else []) + (["--cache-dir", args.cache_dir] if args.cache_dir else [])
+            + (["--offline"] if args.offline else [])
+        )  # fmt: skip
         for dtype in [d for d in args.dtype.split(",") if d]:
             result["rows"] += run_export(args.model, dtype, smoke=args.smoke, variant=args.variant, extra=extra)["rows"]
         write_report_file(out / "bench.json", json.dumps(result, indent=2) + "\n")
@@ -256,22 +260,21 @@ def register(sub) -> None:
     parser.add_argument("--mode", default="forward", choices=["forward", "http", "export"], help="export: wall time and peak RSS of each export phase, each dtype in a child process")
     parser.add_argument("--profiles", type=choice_list(installed_profiles(), "profile"), default="exact,max_speed", help="forward: a comma list of profiles")
     parser.add_argument("--lengths", type=counts, default="64,128,512,2048", help="prompt lengths in tokens (a length below the prompt template's own runs at the template's)")
-    parser.add_argument("--questions", type=counts, default="1,8")
-    parser.add_argument("--concurrency", type=counts, default="1,8,64")
+    parser.add_argument("--questions", type=counts, default="1,8", help="forward: questions per request, a comma list")
+    parser.add_argument("--concurrency", type=counts, default="1,8,64", help="http: concurrent clients, a comma list of levels")
     parser.add_argument("--duration", type=positive_float, default=10.0, help="seconds per concurrency level (http)")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per profile and shape after a warm-up (forward)")
     parser.add_argument("--url", help="server URL, e.g. http://127.0.0.1:8100 (http)")
     parser.add_argument("--uds", help="server Unix socket (http)")
     parser.add_argument("--artifact", action="append", help="max_speed artifact; repeat to compare several (rows max_speed-<dtype>); one exported with --shared-context also adds a shared_context-onnx-<dtype> row")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--cache-dir")
-    parser.add_argument("--base-path")
-    parser.add_argument("--out", default="bench-results")
-    parser.add_argument("--plot", action="store_true")
+    parser.add_argument("--device", default="cpu", help="forward: cpu, cuda[:N], rocm[:N] or auto")
+    add_source_options(parser)
+    parser.add_argument("--out", default="bench-results", help="the report folder (bench.json and charts)")
+    parser.add_argument("--plot", action="store_true", help="also write PNG charts")
     parser.add_argument("--media", default="none", choices=["none", "image", "video", "image+video"], help="forward: every request also carries a synthetic image (640x480) and/or video (4 s, 320x256); Decision 3.0 packages with a vision tower")
     parser.add_argument("--ort-profile", action="store_true", help="also profile each ONNX Runtime graph per op type (forward)")
     parser.add_argument("--dtype", default="fp32", help="export: comma-separated dtypes, e.g. fp32,int8")
     parser.add_argument("--variant", default="contrib", choices=["contrib", "portable"], help="export: graph variant")
     parser.add_argument("--smoke", default="off", choices=["auto", "on", "off"], help="export: smoke parity (off by default: measure the export itself)")
-    parser.add_argument("--quiet", action="store_true")
+    add_quiet_option(parser)
     parser.set_defaults(func=run)

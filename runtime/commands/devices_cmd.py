@@ -64,5 +64,5 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     parser = sub.add_parser("devices", help="the accelerators, their ONNX Runtime providers, and what --device auto picks and why")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print as JSON")
     parser.set_defaults(func=run)

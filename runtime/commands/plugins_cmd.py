@@ -27,5 +27,5 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     parser = sub.add_parser("plugins", help="list the installed family, engine, accelerator and profile plugins")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print as JSON")
     parser.set_defaults(func=run)

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from vllm_sr_runtime.cli_options import add_source_options
 from vllm_sr_runtime.cli_values import non_negative_float, non_negative_int, port, positive_float, positive_int, ranged
 from vllm_sr_runtime.profiles import installed_profiles
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ModelSpec, ServeConfig, check_names, checked_uds_path, load_models_file
@@ -156,7 +157,10 @@ def register(sub) -> None:
         "thread of its own, and /health never waits behind them)",
     )  # fmt: skip
     parser.add_argument("--max-queue", type=positive_int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")
-    parser.add_argument("--max-request-bytes", type=positive_int, default=ServeConfig.max_request_bytes)
+    parser.add_argument(
+        "--max-request-bytes", type=positive_int, default=ServeConfig.max_request_bytes,
+        help="the largest request body, once decoded (413 beyond it; a bundle may be 4 times it)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-inflight-request-bytes", type=positive_int, default=ServeConfig.max_inflight_request_bytes,
         help="request-body bytes a worker's requests in flight may hold together before more are answered 429 (default: 8 "
@@ -212,9 +216,7 @@ def register(sub) -> None:
         "a verification failure is never retried",
     )  # fmt: skip
     parser.add_argument("--load-retry-seconds", type=non_negative_float, default=ServeConfig.load_retry_seconds, help="first wait between load tries, doubling up to 300 s")
-    parser.add_argument("--cache-dir")
-    parser.add_argument("--offline", action="store_true")
-    parser.add_argument("--base-path", help="local copy of an adapter package's base checkpoint")
-    parser.add_argument("--log-level", default=ServeConfig.log_level, choices=["debug", "info", "warning", "error"])
+    add_source_options(parser)
+    parser.add_argument("--log-level", default=ServeConfig.log_level, choices=["debug", "info", "warning", "error"], help="gunicorn's and the workers' log level")
     parser.add_argument("--access-log", action="store_true", help="log one line per request to stderr: client, request line, status, bytes, ms, request id")
     parser.set_defaults(func=run)

@@ -93,6 +93,14 @@ class VerificationError(RuntimeServiceError):
     code = "not_ready"
 
 
+class ClientGone(RuntimeServiceError):
+    """The client closed its connection before its answers were ready (nginx's 499): nobody reads this answer, but the
+    status is what /metrics and the access log count."""
+
+    status = 499
+    code = "client_closed_request"
+
+
 class QuestionError(Exception):
     """One question cannot be answered; reported in place, siblings still answered."""
 

@@ -177,3 +177,48 @@ def test_liveness_is_answered_while_more_requests_wait_on_forwards_than_the_old_
         server.stop()
     assert live.status == 200 and finished == [200] * 12
     assert finished_before < 4, f"/health/live waited for {finished_before} of 12 slow requests to finish"
+
+
+def test_requests_whose_clients_left_are_dropped_before_their_forward(packages, tmp_path):
+    """A client that closes its connection while its request waits (a router's timeout, a cancelled call) is nobody to
+    answer: its queued forward is dropped (counted as abandoned, the request as 499), so the requests behind it are
+    not held up by answers no one reads. Before, six abandoned requests ahead made the next one wait for six forwards."""
+    server = Server([str(packages["d3"]), "--device", "cpu", "--result-cache-entries", "0"], log=tmp_path / "log")
+    questions = {f"q{i}": {"type": "noul", "instructions": f"Does it mention topic {i}?"} for i in range(8)}
+
+    def sent(number: int, path: str = "/v1/systemone"):
+        conn = server.connection(timeout=300)
+        request = {"state": f"{'word ' * 500} {number}", "questions": questions}
+        if path == "/v1/bundle":
+            request = {"tasks": [{"surface": "systemone", "body": {**request, "state": f"{request['state']} {task}"}} for task in range(2)]}
+        conn.request("POST", path, body=json.dumps(request), headers={"Content-Type": "application/json"})
+        return conn
+
+    def counts() -> dict[str, float]:
+        page = server.request("GET", "/metrics").body.decode()
+        return {
+            "abandoned": metric_total(page, "vllm_sr_runtime_abandoned_questions_total"),
+            "forwards": metric_total(page, "vllm_sr_runtime_forward_duration_seconds_count"),
+            "gone": metric_total(page, "vllm_sr_runtime_requests_total", status="499"),
+        }
+
+    try:
+        server.wait()
+        before = counts()
+        first = sent(0)  # holds the device while the others queue
+        left = [sent(number) for number in range(1, 6)] + [sent(6, "/v1/bundle")]
+        time.sleep(0.3)  # read by the server and queued
+        for conn in left:
+            conn.close()
+        assert first.getresponse().status == 200
+        first.close()
+        after_first = sent(7)
+        assert after_first.getresponse().status == 200
+        after_first.close()
+        time.sleep(0.5)
+        after = counts()
+    finally:
+        server.stop()
+    assert after["gone"] - before["gone"] == 6, (before, after)  # five requests and the bundle
+    assert after["abandoned"] - before["abandoned"] >= 8 * 5, (before, after)  # at most one had started its forward
+    assert after["forwards"] - before["forwards"] <= 3, (before, after)  # the first, the last, and at most one of them

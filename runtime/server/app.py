@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -20,13 +20,14 @@ import falcon
 import orjson
 import yaml
 
-from vllm_sr_runtime.errors import InvalidRequest, ModelNotFound, NotReady, Overloaded, RequestTooLarge, RuntimeServiceError
+from vllm_sr_runtime.errors import ClientGone, InvalidRequest, ModelNotFound, NotReady, Overloaded, RequestTooLarge, RuntimeServiceError
 from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
 from vllm_sr_runtime.server.body_budget import BodyBudget
 from vllm_sr_runtime.server.body_encoding import decoded_body
+from vllm_sr_runtime.server.client_connection import client_closed
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
 from vllm_sr_runtime.server.slots import ModelSlot
 
@@ -45,6 +46,7 @@ def _json(resp: falcon.Response, status: int, body: Any) -> None:
 
 OPENAPI = yaml.safe_load(resources.files("vllm_sr_runtime.server").joinpath("openapi.yaml").read_text())
 LOADING_RETRY_AFTER_S = 5  # Retry-After of a 503 from a model still loading or warming (a failed one has none)
+CLIENT_CHECK_S = 0.2  # while a request waits for its forward, how often it checks that its client is still there
 DISCARD_BYTES = 64 * 1024 * 1024  # how much of an over-limit body is read and dropped before answering 413
 
 
@@ -192,7 +194,7 @@ class Server:
             with self.media_slot([body], options["deadline_ms"], started):
                 call = self.planned(slot, options, body, started)
                 job = self.submit(call)
-                payload, timing = self.finish(call, job)
+                payload, timing = self.finish(call, job, lambda: client_closed(req))
         serialize_start = time.perf_counter()
         data = orjson.dumps(payload)
         serialize = time.perf_counter() - serialize_start
@@ -229,13 +231,14 @@ class Server:
             return None
         return call.slot.scheduler.submit(call.plan, call.deadline, mergeable=profile_named(call.options["profile"]).merges_requests)
 
-    def finish(self, call: "Call", job) -> tuple[dict, str]:
-        """Wait for the request's answers (to its deadline) and build its payload; returns (payload, Server-Timing)."""
+    def finish(self, call: "Call", job, client_gone: Callable[[], bool] = lambda: False) -> tuple[dict, str]:
+        """Wait for the request's answers (to its deadline) and build its payload; returns (payload, Server-Timing).
+        Raises ClientGone (its job dropped unless already running) once `client_gone` says nobody waits any more."""
         slot, options, plan = call.slot, call.options, call.plan
         queue_s = forward_s = 0.0
         cache_hits = reanswered = 0
         if job is not None:
-            finished = job.done.wait(timeout=max(0.0, call.deadline - time.monotonic()))
+            finished = wait_for_answers(job, call.deadline, client_gone)
             queue_s, forward_s = job.queue_seconds, job.forward_seconds
             if finished and job.error is not None:
                 raise job.error
@@ -280,13 +283,15 @@ class Server:
             tasks, default_deadline = self.validate_bundle(body)
             media_bodies = [task["body"] for task in tasks if isinstance(task["body"], dict)]
             with self.media_slot(media_bodies, default_deadline or self.config.default_deadline_ms, started):
-                results = self.answer_tasks(tasks, default_deadline, started, request_id(req))
+                results = self.answer_tasks(tasks, default_deadline, started, request_id(req), lambda: client_closed(req))
         metrics.BUNDLE_TASKS.observe(len(tasks))
         for result, task in zip(results, tasks):
             metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
         _json(resp, 200, {"results": results})
 
-    def answer_tasks(self, tasks: list[dict], default_deadline: int | None, started: float, request_id: str) -> list[dict]:
+    def answer_tasks(
+        self, tasks: list[dict], default_deadline: int | None, started: float, request_id: str, client_gone: Callable[[], bool] = lambda: False
+    ) -> list[dict]:
         queued: list[tuple[Call, Any] | dict] = []  # a call on its way, or the task's result when it failed first
         where = [f"request {request_id} task {index}" for index in range(len(tasks))]
         for index, task in enumerate(tasks):
@@ -306,7 +311,12 @@ class Server:
                 results.append(entry)
                 continue
             try:
-                results.append({"status": 200, "body": self.finish(*entry)[0]})
+                results.append({"status": 200, "body": self.finish(*entry, client_gone)[0]})
+            except ClientGone:
+                for later in queued[index + 1 :]:
+                    if not isinstance(later, dict) and later[1] is not None:
+                        later[1].abandoned = True  # nobody reads the rest either
+                raise
             except Exception as exc:
                 results.append(error_result(exc, where[index]))
         return results
@@ -460,6 +470,20 @@ class RequestMetrics:
         if hasattr(req.context, "started"):
             metrics.REQUEST_SECONDS.labels(endpoint=endpoint).observe(time.perf_counter() - req.context.started)
         resp.set_header("X-Request-Id", request_id(req))
+
+
+def wait_for_answers(job, deadline: float, client_gone: Callable[[], bool]) -> bool:
+    """Whether the job finished by its deadline; checks on the client between short waits, and marks the job abandoned
+    (the scheduler drops it unless it is running) and raises ClientGone once the client has left."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return job.done.is_set()
+        if job.done.wait(min(left, CLIENT_CHECK_S)):
+            return True
+        if client_gone():
+            job.abandoned = True
+            raise ClientGone("the client closed its connection before its answers were ready")
 
 
 def request_id(req: falcon.Request) -> str:

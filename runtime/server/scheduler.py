@@ -2,7 +2,8 @@
 
 The queue is bounded (a full queue refuses at once with 429) and every job carries a deadline: a job
 whose deadline has passed when the worker picks it up is dropped, and a waiting request returns at its
-deadline whatever the device is doing, so a request never hangs.
+deadline whatever the device is doing, so a request never hangs. A job whose client went away is dropped
+the same way: nobody would read its answers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Job:
     plan: Plan
     deadline: float  # time.monotonic() seconds
     mergeable: bool = False  # profile `batching`: may share passes with other queued requests
+    abandoned: bool = False  # its client closed the connection while it waited
     enqueued: float = field(default_factory=time.monotonic)
     started: float | None = None
     finished: float | None = None
@@ -113,7 +115,7 @@ class Scheduler:
                     self._run_alone(job)
 
     def _expired(self, job: Job) -> bool:
-        if time.monotonic() < job.deadline:
+        if not job.abandoned and time.monotonic() < job.deadline:
             return False
         self.on_drop(job)
         job.done.set()

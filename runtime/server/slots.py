@@ -117,7 +117,7 @@ class ModelSlot:
             max_batch_requests=self.config.max_batch_requests,
             on_batch=lambda batch: self.observe_batch(batch, labels),
             on_depth=lambda depth: metrics.QUEUE_DEPTH.labels(model=self.name).set(depth),
-            on_drop=lambda job: metrics.DEADLINE_DROPPED.labels(**labels).inc(len(job.plan.questions)),
+            on_drop=lambda job: (metrics.ABANDONED if job.abandoned else metrics.DEADLINE_DROPPED).labels(**labels).inc(len(job.plan.questions)),
         )
         self.model = model
         card = model.card()

@@ -154,3 +154,21 @@ def test_adapter_merge_matches_unmerged(packages, models):
     left, right = unmerged.ask(STATE, questions)["q"], merged.ask(STATE, questions)["q"]
     for key in left["probabilities"]:
         assert abs(left["probabilities"][key] - right["probabilities"][key]) <= 1e-5
+
+
+def test_ask_from_several_threads_answers_as_one_thread_does(models):
+    """A service calls one loaded model from its request threads: each answer is the one a lone call gets (eager
+    PyTorch; ONNX Runtime documents its sessions' run as safe to call concurrently)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = models("d3")
+    questions = {
+        "a": {"type": "noul", "instructions": "Is it code?"},
+        "b": {"type": "choice", "instructions": "Which?", "criteria": {"x": "X", "y": None, "z": None}},
+        "c": {"type": "score", "instructions": "How hard?", "criteria": ["1", "2", "3"]},
+    }
+    states = [f"state number {i} " * (1 + i % 7) for i in range(24)]
+    alone = [model.ask(state, questions) for state in states]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda state: model.ask(state, questions), states))
+    assert together == alone

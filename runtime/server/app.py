@@ -325,8 +325,8 @@ class Server:
     def media_slot(self, bodies: list[dict], deadline_ms: int, started: float) -> Iterator[None]:
         """A request (or bundle) that carries images or videos holds one of the worker's media slots from before its
         media decode until it is answered: its decoded pixels (7.4 MB for a 3 kB PNG of 640x480) are held that long,
-        so the slots bound them as the 8 request threads did. One that finds none free waits, for what is left of
-        its deadline (a bundle's, else the server's default)."""
+        so --media-slots bounds them. One that finds none free waits, for what is left of its deadline (a bundle's,
+        else the server's default)."""
         if not any(body.get("images") or body.get("videos") for body in bodies):
             yield
             return
@@ -416,13 +416,13 @@ class HealthResource:
         workers, a readiness probe reaches one, and a sibling still loading would answer 503)."""
         states = {name: slot.status() for name, slot in self.server.slots.items()}
         everywhere = metrics.ready_in_every_worker() or {}
-        for name, slot in self.server.slots.items():
-            if slot.ready and not everywhere.get(name, True):
-                states[name]["every_worker"] = False
-        ready = all(slot.ready for slot in self.server.slots.values()) and not any("every_worker" in s for s in states.values())
+        lagging = [name for name, slot in self.server.slots.items() if slot.ready and not everywhere.get(name, True)]
+        for name in lagging:
+            states[name]["every_worker"] = False
+        ready = not lagging and all(slot.ready for slot in self.server.slots.values())
         if ready:
             status = "ready"
-        elif any(s["status"] in ("loading", "warming") or "every_worker" in s for s in states.values()):
+        elif lagging or any(s["status"] in ("loading", "warming") for s in states.values()):
             status = "loading"  # not settled yet, whatever has failed meanwhile (each model's own state says)
         else:
             status = "degraded" if any(s["status"] == "ready" for s in states.values()) else "failed"

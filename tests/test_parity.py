@@ -66,7 +66,8 @@ def test_max_speed_parity_passes_its_gates(packages, tmp_path, name):
     assert set(summary["abs_diff_by_type"]) == {"choice", "noul", "score"}
     first = report["questions"][0]
     assert {"type", "options", "prompt_tokens", "reference", "candidate", "max_abs_diff", "decision_changed", "reference_margin"} <= set(first)
-    assert (out / "report.html").is_file()
+    page = (out / "report.html").read_text()  # what was compared, and the gates it was held to, said where it is read
+    assert "max_speed (onnxruntime, fp32)" in page and "decisions changed ≤ 0% (flag); max |Δp| ≤ 0.0001 (flag)" in page
 
 
 def test_perturbed_candidate_fails_naming_the_gate(packages, tmp_path):
@@ -118,6 +119,7 @@ def test_default_gates_follow_the_candidate_dtype_and_flags_loosen_them(tmp_path
     suite.write_text(json.dumps({"state": "s", "questions": {"c": {"type": "choice", "criteria": {"a": None, "b": None}}, "n": {"type": "noul"}}}) + "\n")
     strict = run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(tmp_path / "strict"), perturb=0.05)
     assert strict.returncode == 3 and "--max-abs-diff 0.0001" in strict.stderr
+    assert "max |Δp| ≤ 0.0001 (default)" in (tmp_path / "strict" / "report.html").read_text()
     meta = json.loads((tmp_path / "strict" / "parity.json").read_text())
     assert meta["gates"] == {"max_changed_rate": None, "max_abs_diff": 1e-4} and meta["gates_from_flags"] == {"max_changed_rate": False, "max_abs_diff": False}
     loose = run_parity(str(packages["d3"]), "--profile", "exact", "--suite", str(suite), "--out", str(tmp_path / "loose"), "--max-abs-diff", "1", perturb=0.05)

@@ -197,11 +197,17 @@ class DecisionModel:
             "device": self.device.name,
             "dtype": self.dtype,
             "golden": self.golden["status"],
+            "weight_bytes": self.weight_bytes(),
             "close_calls": self.close_calls.describe() if self.close_calls else None,
             "plugins": self.plugins(),
         }
         card.update(self.family.card())
         return card
+
+    def weight_bytes(self) -> int | None:
+        """What its engine says its weights take (None where the engine does not say)."""
+        report = getattr(self.engine, "weight_bytes", None)
+        return report() if report is not None else None
 
     def confirm_close_calls(self, margin: float, reference: Any, reference_label: str) -> None:
         """From now on, every answer whose top-two margin is below `margin` is answered again by `reference` (an

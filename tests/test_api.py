@@ -124,6 +124,7 @@ def test_model_card_reports_what_runs(models):
     plugins = card["plugins"]  # what it runs on, and which distribution brings each
     assert {kind: row["name"] for kind, row in plugins.items()} == {"family": "decision3", "engine": "torch", "profile": "exact", "accelerator": "cpu"}
     assert {row["distribution"] for row in plugins.values()} == {"vllm-sr-runtime"}
+    assert 4 * card["parameters"] <= card["weight_bytes"] <= 4 * card["parameters"] + 4096  # fp32 parameters and a few buffers
 
 
 def test_load_errors_are_clear(packages):

@@ -732,3 +732,11 @@ def test_untyped_contrib_outputs_serialize_without_a_warning_per_value(caplog):
     assert [v.name for v in as_traced.graph.value_info] == ["out", "state"] and not as_traced.graph.value_info[1].HasField("type")
     del as_traced.graph.value_info[1]  # the traced graph's one difference: a value_info holding a name only
     assert proto.SerializeToString() == as_traced.SerializeToString()
+
+
+def test_an_artifacts_card_counts_the_weights_its_sessions_opened(packages, artifacts):
+    """The card's (and /metrics') weight_bytes for an artifact: its graph and weight file, once each."""
+    artifact = artifacts[("d3", "contrib")]
+    card = vllm_sr_runtime.load(packages["d3"], device="cpu", profile="max_speed", artifact=artifact).card()
+    files = sum((artifact / name).stat().st_size for name in ("model.onnx", "model.onnx.data"))
+    assert card["weight_bytes"] == files and files > 4 * card["parameters"]

@@ -241,6 +241,10 @@ def test_metrics_move(servers):
     assert 'vllm_sr_runtime_ready{model="synthetic-d3-tiny-s0"} 1.0' in after
     # a package directory has no Hub revision: "local", as the log says (not Python's "None")
     assert re.search(r'vllm_sr_runtime_model_info\{[^}]*model="synthetic-d3-tiny-s0"[^}]*revision="local"', after), after
+    # what the model's weights take, for capacity planning: its card's figure (one worker here)
+    [card] = server.request("GET", "/v1/models").json()["data"]
+    assert card["weight_bytes"] >= 4 * card["parameters"]  # fp32 parameters, and buffers
+    assert metric_total(after, "vllm_sr_runtime_model_memory_bytes", model="synthetic-d3-tiny-s0") == card["weight_bytes"]
 
 
 def test_failed_model_is_503_not_ready(packages, tmp_path):

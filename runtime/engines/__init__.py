@@ -15,6 +15,8 @@ class Engine(Protocol):
 
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray: ...
 
+    # Optional: `weight_bytes() -> int`, the bytes of the weights it holds (the model card and /metrics report it).
+
 
 class ModelSource(Protocol):
     """The parts of a family (vllm_sr_runtime.families.base.Family) an engine reads."""

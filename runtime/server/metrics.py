@@ -39,6 +39,10 @@ CLOSE_CALLS = Counter(
 )
 LOAD_RETRIES = Counter(f"{PREFIX}_load_retries", "Model loads tried again after a transient failure", ["model"])
 READY = Gauge(f"{PREFIX}_ready", "1 when the model is ready in every live worker", ["model"], multiprocess_mode="livemin")
+MODEL_MEMORY = Gauge(
+    f"{PREFIX}_model_memory_bytes", "Bytes of the weights a model's engine holds, summed over the workers (each holds its own)", ["model"],
+    multiprocess_mode="livesum",
+)
 MODEL_INFO = Gauge(
     f"{PREFIX}_model_info", "Loaded model", ["model", "revision", "family", "engine", "device", "profile"], multiprocess_mode="livemax"
 )

@@ -126,6 +126,8 @@ class ModelSlot:
             model=self.name, revision=revision, family=card["family"], engine=card["engine"],
             device=card["device"], profile=self.profile,
         ).set(1)  # fmt: skip
+        if (weight_bytes := model.weight_bytes()) is not None:
+            metrics.MODEL_MEMORY.labels(model=self.name).set(weight_bytes)
         metrics.READY.labels(model=self.name).set(1)
         self.state = "ready"
         log.info("model %s ready (%s at revision %s, %s on %s)", self.name, card["family"], revision, card["engine"], card["device"])

@@ -57,6 +57,7 @@ class OrtEngine:
         # "hit" (opened the saved optimized graph), "stored", "unavailable" (the cache could not take it), None
         self.optimized_cache_use: str | None = None
         self.attention_query_block: int | None = None  # CPU: full attention runs over blocks of this many queries
+        self.graph_files: set[Path] = set()  # the artifact's graphs its sessions opened (weight_bytes)
 
     @classmethod
     def from_file(
@@ -79,18 +80,23 @@ class OrtEngine:
 
             attention_query_block = attention_blocks.ATTENTION_QUERY_BLOCK
         block = attention_query_block if device_kind == "cpu" else None
+        opened: set[Path] = set()
+
+        def open_graph(path: Path):
+            opened.add(path)
+            return open_session(path, device_kind, device_index, optimized_cache, block)
+
         if buckets:
             from vllm_sr_runtime.engines.onnxruntime.static_lengths import StaticLengthSessions
 
-            session = StaticLengthSessions(
-                model_path.parent, buckets, lambda path: open_session(path, device_kind, device_index, optimized_cache, block)[0]
-            )
+            session = StaticLengthSessions(model_path.parent, buckets, lambda path: open_graph(path)[0])
             if device_kind != "cpu":
                 session.open_all()
             use = None
         else:
-            session, use = open_session(model_path, device_kind, device_index, optimized_cache, block)
+            session, use = open_graph(model_path)
         engine = cls(session, output_name, session.get_providers()[0], device_kind, device_index)
+        engine.graph_files = opened  # a static-length graph opened later on CPU joins it
         engine.optimized_cache, engine.optimized_cache_use = optimized_cache, use
         engine.attention_query_block = block
         return engine
@@ -98,6 +104,7 @@ class OrtEngine:
     def attach_shared(self, model_path: Path) -> None:
         """Open the artifact's shared_context graph next to the main one (same provider and options)."""
         self.shared_session, _ = open_session(model_path, self.device_kind, self.device_index, self.optimized_cache, self.attention_query_block)
+        self.graph_files.add(model_path)
 
     def attach_media(self, vision_path: Path, text_path: Path, layout, modalities: tuple[tuple[str, str, str], ...]) -> None:
         """Open the artifact's vision graph and media text graph (requests with images/videos); `modalities`
@@ -105,11 +112,18 @@ class OrtEngine:
         from vllm_sr_runtime.engines.onnxruntime.media import MediaGraphs
 
         vision, text = (open_session(path, self.device_kind, self.device_index, self.optimized_cache, self.attention_query_block)[0] for path in (vision_path, text_path))
+        self.graph_files |= {vision_path, text_path}
         self.media = MediaGraphs(vision, text, layout, self.output_name, modalities)
 
     @property
     def reads_media(self) -> bool:
         return self.media is not None
+
+    def weight_bytes(self) -> int:
+        """The bytes of the graphs its sessions opened and of their weight files (each file once: the shared and media
+        graphs read the main graph's weights), what the sessions hold as initializers."""
+        files = set(self.graph_files) | {path.with_name(path.name + ".data") for path in self.graph_files}
+        return sum(path.stat().st_size for path in files if path.is_file())
 
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return _run(self.session, self.output_name, inputs, self.buffers)

@@ -42,6 +42,11 @@ class TorchEngine:
     def reads_media(self) -> bool:
         return bool(self.media_modalities)
 
+    def weight_bytes(self) -> int:
+        """The bytes of the module's parameters and buffers on its device (a tied weight once)."""
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in [*self.module.parameters(), *self.module.buffers()]}
+        return sum(storages.values())
+
     def forward_media(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """Rows that read images/videos: the vision tower (once per request), its features in place of the
         placeholders (the module's forward_media, in two steps)."""

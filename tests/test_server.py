@@ -241,6 +241,7 @@ def test_metrics_move(servers):
     assert 'vllm_sr_runtime_ready{model="synthetic-d3-tiny-s0"} 1.0' in after
     # a package directory has no Hub revision: "local", as the log says (not Python's "None")
     assert re.search(r'vllm_sr_runtime_model_info\{[^}]*model="synthetic-d3-tiny-s0"[^}]*revision="local"', after), after
+    assert re.search(r'vllm_sr_runtime_model_info\{[^}]*accelerator="cpu"[^}]*device="cpu"', after), after  # the plugin and the device
     # what the model's weights take, for capacity planning: its card's figure (one worker here)
     [card] = server.request("GET", "/v1/models").json()["data"]
     assert card["weight_bytes"] >= 4 * card["parameters"]  # fp32 parameters, and buffers

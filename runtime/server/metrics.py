@@ -44,7 +44,7 @@ MODEL_MEMORY = Gauge(
     multiprocess_mode="livesum",
 )
 MODEL_INFO = Gauge(
-    f"{PREFIX}_model_info", "Loaded model", ["model", "revision", "family", "engine", "device", "profile"], multiprocess_mode="livemax"
+    f"{PREFIX}_model_info", "Loaded model", ["model", "revision", "family", "engine", "accelerator", "device", "profile"], multiprocess_mode="livemax"
 )
 
 

@@ -124,7 +124,7 @@ class ModelSlot:
         revision = card.get("revision") or "local"  # a package directory has no Hub revision
         metrics.MODEL_INFO.labels(
             model=self.name, revision=revision, family=card["family"], engine=card["engine"],
-            device=card["device"], profile=self.profile,
+            accelerator=model.device.kind, device=card["device"], profile=self.profile,
         ).set(1)  # fmt: skip
         if (weight_bytes := model.weight_bytes()) is not None:
             metrics.MODEL_MEMORY.labels(model=self.name).set(weight_bytes)

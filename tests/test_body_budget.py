@@ -9,7 +9,7 @@ import time
 import pytest
 
 from server_harness import Contract, Server, metric_total
-from vllm_sr_runtime.errors import Overloaded
+from vllm_sr_runtime.errors import ClientGone, Overloaded
 from vllm_sr_runtime.server.body_budget import BodyBudget
 
 CONTRACT = Contract()
@@ -111,6 +111,10 @@ def test_requests_with_media_wait_for_one_of_the_workers_media_slots():
         with pytest.raises(Overloaded), app.media_slot([{"state": "text"}, image], 2_000, time.perf_counter() - 10):  # a bundle with one
             pass
         assert time.monotonic() - waited < 1.5  # its deadline was spent before it asked (reading its body, say): no wait
+        waited = time.monotonic()
+        with pytest.raises(ClientGone), app.media_slot([image], 30_000, time.perf_counter(), client_gone=lambda: time.monotonic() - waited > 0.5):
+            pass
+        assert time.monotonic() - waited < 5  # its client left: it stopped waiting then, not at its 30 s deadline
     with app.media_slot([image], 30_000, time.perf_counter()):
         pass  # released when the requests were answered
     assert slots_held() == before

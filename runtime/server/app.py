@@ -191,7 +191,7 @@ class Server:
         started = time.perf_counter()
         with self.held_body(req) as body:
             slot, options = self.admitted(body)
-            with self.media_slot([body], options["deadline_ms"], started):
+            with self.media_slot([body], options["deadline_ms"], started, lambda: client_closed(req)):
                 call = self.planned(slot, options, body, started)
                 job = self.submit(call)
                 payload, timing = self.finish(call, job, lambda: client_closed(req))
@@ -282,7 +282,7 @@ class Server:
         with self.held_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes) as body:
             tasks, default_deadline = self.validate_bundle(body)
             media_bodies = [task["body"] for task in tasks if isinstance(task["body"], dict)]
-            with self.media_slot(media_bodies, default_deadline or self.config.default_deadline_ms, started):
+            with self.media_slot(media_bodies, default_deadline or self.config.default_deadline_ms, started, lambda: client_closed(req)):
                 results = self.answer_tasks(tasks, default_deadline, started, request_id(req), lambda: client_closed(req))
         metrics.BUNDLE_TASKS.observe(len(tasks))
         for result, task in zip(results, tasks):
@@ -322,16 +322,20 @@ class Server:
         return results
 
     @contextmanager
-    def media_slot(self, bodies: list[dict], deadline_ms: int, started: float) -> Iterator[None]:
+    def media_slot(self, bodies: list[dict], deadline_ms: int, started: float, client_gone: Callable[[], bool] = lambda: False) -> Iterator[None]:
         """A request (or bundle) that carries images or videos holds one of the worker's media slots from before its
         media decode until it is answered: its decoded pixels (7.4 MB for a 3 kB PNG of 640x480) are held that long,
         so --media-slots bounds them. One that finds none free waits, for what is left of its deadline (a bundle's,
-        else the server's default)."""
+        else the server's default), or until its client leaves (ClientGone: nothing is decoded for nobody)."""
         if not any(body.get("images") or body.get("videos") for body in bodies):
             yield
             return
-        wait_s = max(0.0, deadline_ms / 1000 - (time.perf_counter() - started))
-        if not self.media_slots.acquire(timeout=wait_s):
+        until = time.monotonic() + max(0.0, deadline_ms / 1000 - (time.perf_counter() - started))
+        while not self.media_slots.acquire(timeout=max(0.0, min(until - time.monotonic(), CLIENT_CHECK_S))):
+            if client_gone():
+                raise ClientGone("the client closed its connection while its request waited for a media slot")
+            if time.monotonic() < until:
+                continue
             raise Overloaded(f"every media slot of this worker (--media-slots {self.config.media_slots}) held a request with images or videos until its deadline; retry later", "media_slots")
         metrics.MEDIA_SLOTS_HELD.inc()
         try:

@@ -331,11 +331,7 @@ class Server:
             yield
             return
         until = time.monotonic() + max(0.0, deadline_ms / 1000 - (time.perf_counter() - started))
-        while not self.media_slots.acquire(timeout=max(0.0, min(until - time.monotonic(), CLIENT_CHECK_S))):
-            if client_gone():
-                raise ClientGone("the client closed its connection while its request waited for a media slot")
-            if time.monotonic() < until:
-                continue
+        if not waited(lambda timeout: self.media_slots.acquire(timeout=timeout), until, client_gone, "for a media slot"):
             raise Overloaded(f"every media slot of this worker (--media-slots {self.config.media_slots}) held a request with images or videos until its deadline; retry later", "media_slots")
         metrics.MEDIA_SLOTS_HELD.inc()
         try:
@@ -476,18 +472,25 @@ class RequestMetrics:
         resp.set_header("X-Request-Id", request_id(req))
 
 
-def wait_for_answers(job, deadline: float, client_gone: Callable[[], bool]) -> bool:
-    """Whether the job finished by its deadline; checks on the client between short waits, and marks the job abandoned
-    (the scheduler drops it unless it is running) and raises ClientGone once the client has left."""
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return job.done.is_set()
-        if job.done.wait(min(left, CLIENT_CHECK_S)):
-            return True
+def waited(wait_once: Callable[[float], bool], until: float, client_gone: Callable[[], bool], what: str) -> bool:
+    """Whether `wait_once(timeout)` succeeded by `until` (time.monotonic()), tried in slices of CLIENT_CHECK_S with a
+    look at the client between them; raises ClientGone once the client has left."""
+    while not wait_once(max(0.0, min(until - time.monotonic(), CLIENT_CHECK_S))):
         if client_gone():
-            job.abandoned = True
-            raise ClientGone("the client closed its connection before its answers were ready")
+            raise ClientGone(f"the client closed its connection while its request waited {what}")
+        if time.monotonic() >= until:
+            return False
+    return True
+
+
+def wait_for_answers(job, deadline: float, client_gone: Callable[[], bool]) -> bool:
+    """Whether the job finished by its deadline; once the client has left, the job is marked abandoned (the scheduler
+    drops it unless it is running) and ClientGone raised."""
+    try:
+        return waited(job.done.wait, deadline, client_gone, "for its answers")
+    except ClientGone:
+        job.abandoned = True
+        raise
 
 
 def request_id(req: falcon.Request) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -197,15 +198,17 @@ class DecisionModel:
             "device": self.device.name,
             "dtype": self.dtype,
             "golden": self.golden["status"],
-            "weight_bytes": self.weight_bytes(),
+            "weight_bytes": self.weight_bytes,
             "close_calls": self.close_calls.describe() if self.close_calls else None,
             "plugins": self.plugins(),
         }
         card.update(self.family.card())
         return card
 
+    @functools.cached_property
     def weight_bytes(self) -> int | None:
-        """What its engine says its weights take (None where the engine does not say)."""
+        """What its engine says its weights take once loaded (None where the engine does not say); measured once, since
+        card() runs for every request that asks for its meta."""
         report = getattr(self.engine, "weight_bytes", None)
         return report() if report is not None else None
 

@@ -192,13 +192,13 @@ def register(sub) -> None:
         help="serve shared_context for non-causal models too, knowing its answers differ from exact (see README)",
     )  # fmt: skip
     parser.add_argument(
-        "--media-url-allow", help="Decision 3.0 media: hosts whose http(s) image/video URLs may be fetched "
-        "(comma list; *.example.com for subdomains, * for any); default: only data URLs",
-    )  # fmt: skip
-    parser.add_argument(
         "--media-slots", type=positive_int, default=ServeConfig.media_slots,
         help="Decision 3.0 media: requests with images or videos a worker holds decoded at once; more wait up to their "
         "deadline, then get 429 (each holds its decoded pixels: 7.4 MB for a 640x480 image)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--media-url-allow", help="Decision 3.0 media: hosts whose http(s) image/video URLs may be fetched "
+        "(comma list; *.example.com for subdomains, * for any); default: only data URLs",
     )  # fmt: skip
     parser.add_argument("--media-url-allow-private", action="store_true", help="also fetch from loopback/private addresses")
     parser.add_argument("--media-url-timeout", type=positive_float, default=ServeConfig.media_url_timeout_s, help="seconds per media URL fetch")

@@ -6,6 +6,7 @@ Every error becomes the `{"error": {"code", "message"}}` envelope in one place (
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 import time
@@ -189,12 +190,13 @@ class Server:
     # -- the decision endpoints ---------------------------------------------------------------------
     def decide(self, req: falcon.Request, resp: falcon.Response, endpoint: str) -> None:
         started = time.perf_counter()
+        client_gone = functools.partial(client_closed, req)
         with self.held_body(req) as body:
             slot, options = self.admitted(body)
-            with self.media_slot([body], options["deadline_ms"], started, lambda: client_closed(req)):
+            with self.media_slot([body], options["deadline_ms"], started, client_gone):
                 call = self.planned(slot, options, body, started)
                 job = self.submit(call)
-                payload, timing = self.finish(call, job, lambda: client_closed(req))
+                payload, timing = self.finish(call, job, client_gone)
         serialize_start = time.perf_counter()
         data = orjson.dumps(payload)
         serialize = time.perf_counter() - serialize_start
@@ -220,9 +222,7 @@ class Server:
     def planned(self, slot: ModelSlot, options: dict, body: dict, started: float) -> "Call":
         """The admitted request rendered (its media decoded) into its model's passes."""
         plan = slot.model.plan(body["state"], body.get("questions"), profile=options["profile"], images=body.get("images"), videos=body.get("videos"))
-        parsed = time.perf_counter()
-        # the deadline counts from the request's start: reading its body and waiting for a media slot spend it too
-        return Call(slot, options, plan, started, parsed, time.monotonic() - (parsed - started) + options["deadline_ms"] / 1000)
+        return Call(slot, options, plan, started, time.perf_counter(), deadline_at(started, options["deadline_ms"]))
 
     @staticmethod
     def submit(call: "Call"):
@@ -282,8 +282,9 @@ class Server:
         with self.held_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes) as body:
             tasks, default_deadline = self.validate_bundle(body)
             media_bodies = [task["body"] for task in tasks if isinstance(task["body"], dict)]
-            with self.media_slot(media_bodies, default_deadline or self.config.default_deadline_ms, started, lambda: client_closed(req)):
-                results = self.answer_tasks(tasks, default_deadline, started, request_id(req), lambda: client_closed(req))
+            client_gone = functools.partial(client_closed, req)
+            with self.media_slot(media_bodies, default_deadline or self.config.default_deadline_ms, started, client_gone):
+                results = self.answer_tasks(tasks, default_deadline, started, request_id(req), client_gone)
         metrics.BUNDLE_TASKS.observe(len(tasks))
         for result, task in zip(results, tasks):
             metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
@@ -330,8 +331,7 @@ class Server:
         if not any(body.get("images") or body.get("videos") for body in bodies):
             yield
             return
-        until = time.monotonic() + max(0.0, deadline_ms / 1000 - (time.perf_counter() - started))
-        if not waited(lambda timeout: self.media_slots.acquire(timeout=timeout), until, client_gone, "for a media slot"):
+        if not waited(lambda timeout: self.media_slots.acquire(timeout=timeout), deadline_at(started, deadline_ms), client_gone, "for a media slot"):
             raise Overloaded(f"every media slot of this worker (--media-slots {self.config.media_slots}) held a request with images or videos until its deadline; retry later", "media_slots")
         metrics.MEDIA_SLOTS_HELD.inc()
         try:
@@ -470,6 +470,12 @@ class RequestMetrics:
         if hasattr(req.context, "started"):
             metrics.REQUEST_SECONDS.labels(endpoint=endpoint).observe(time.perf_counter() - req.context.started)
         resp.set_header("X-Request-Id", request_id(req))
+
+
+def deadline_at(started: float, deadline_ms: int) -> float:
+    """A request's deadline in time.monotonic() seconds. It counts from the request's start (`started`, a
+    time.perf_counter()): reading its body and waiting for a media slot spend it too."""
+    return time.monotonic() - (time.perf_counter() - started) + deadline_ms / 1000
 
 
 def waited(wait_once: Callable[[float], bool], until: float, client_gone: Callable[[], bool], what: str) -> bool:

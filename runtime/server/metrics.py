@@ -53,15 +53,18 @@ def ready_in_every_worker() -> dict[str, bool] | None:
     files); None outside serve's multiprocess mode, where this process is the only one."""
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         return None
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
-    for metric in registry.collect():
+    for metric in every_worker().collect():
         if metric.name == f"{PREFIX}_ready":
             return {sample.labels["model"]: sample.value >= 1 for sample in metric.samples}
     return {}
 
 
-def render() -> tuple[bytes, str]:
+def every_worker() -> CollectorRegistry:
+    """The workers' metrics merged from the multiprocess folder."""
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    return registry
+
+
+def render() -> tuple[bytes, str]:
+    return generate_latest(every_worker()), CONTENT_TYPE_LATEST

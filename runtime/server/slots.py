@@ -126,7 +126,7 @@ class ModelSlot:
             model=self.name, revision=revision, family=card["family"], engine=card["engine"],
             accelerator=model.device.kind, device=card["device"], profile=self.profile,
         ).set(1)  # fmt: skip
-        if (weight_bytes := model.weight_bytes()) is not None:
+        if (weight_bytes := model.weight_bytes) is not None:
             metrics.MODEL_MEMORY.labels(model=self.name).set(weight_bytes)
         metrics.READY.labels(model=self.name).set(1)
         self.state = "ready"

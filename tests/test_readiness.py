@@ -1,5 +1,5 @@
-"""/health with several workers: a readiness probe reaches one worker, so it answers ready only once every worker
-that answers requests has its models ready (a sibling still loading answers them 503)."""
+"""/health and /v1/models with several workers: a readiness probe reaches one worker, so they answer ready only once
+every worker that answers requests has its models ready (a sibling still loading answers them 503)."""
 
 from __future__ import annotations
 
@@ -52,10 +52,16 @@ def test_health_is_ready_only_once_every_answering_worker_is(packages, tmp_path:
                 time.sleep(0.2)
             assert seen[-1][1]["models"]["hub"]["status"] == "ready", (seen[-3:], server.tail())
             assert all(status == 503 for status, _ in seen), seen[-3:]
-            assert seen[-1][1] == {"status": "loading", "models": {"hub": {"status": "ready", "golden": seen[-1][1]["models"]["hub"]["golden"], "every_worker": False}}}
+            last = seen[-1][1]
+            assert last["status"] == "loading" and last["models"]["hub"]["every_worker"] is False, last
+            # a router that polls /v1/models rather than /health is told the same
+            [card] = server.request("GET", "/v1/models", timeout=10).json()["data"]
+            assert (card["status"], card["ready"], card["every_worker"]) == ("ready", False, False), card
             os.kill(stopped, signal.SIGCONT)
             stopped = None
             server.wait()  # once the other worker has loaded too
+            [card] = server.request("GET", "/v1/models").json()["data"]
+            assert card["ready"] is True and "every_worker" not in card, card
             assert server.post({"state": STATE, "questions": QUESTION}).status == 200
         finally:
             if stopped is not None:

@@ -171,6 +171,12 @@ class Server:
             raise ModelNotFound(f"model {name!r} is not served here (served: {', '.join(self.slots)})")
         return self.slots[name]
 
+    def lagging_models(self) -> list[str]:
+        """Models ready in this worker but not yet in every worker answering requests (with several workers, a
+        probe or a router reaches one, and a sibling still loading would answer 503)."""
+        everywhere = metrics.ready_in_every_worker() or {}
+        return [name for name, slot in self.slots.items() if slot.ready and not everywhere.get(name, True)]
+
     def openapi_document(self) -> dict:
         """The contract as this deployment accepts it: the served model names and aliases, the profiles they
         enable, and no media lists unless a ready model reads them (a schema-driven client then sends nothing
@@ -403,7 +409,12 @@ class ModelsResource:
         self.server = server
 
     def on_get(self, req, resp) -> None:
-        _json(resp, 200, {"object": "list", "data": [slot.card() for slot in self.server.slots.values()]})
+        lagging = self.server.lagging_models()
+        cards = [slot.card() for slot in self.server.slots.values()]
+        for card in cards:
+            if card["id"] in lagging:
+                card.update(ready=False, every_worker=False)
+        _json(resp, 200, {"object": "list", "data": cards})
 
 
 @answers_head
@@ -412,11 +423,9 @@ class HealthResource:
         self.server = server
 
     def on_get(self, req, resp) -> None:
-        """This worker's models; ready only when every worker answering for them has them ready (with several
-        workers, a readiness probe reaches one, and a sibling still loading would answer 503)."""
+        """This worker's models; ready only when every worker answering for them has them ready."""
         states = {name: slot.status() for name, slot in self.server.slots.items()}
-        everywhere = metrics.ready_in_every_worker() or {}
-        lagging = [name for name, slot in self.server.slots.items() if slot.ready and not everywhere.get(name, True)]
+        lagging = self.server.lagging_models()
         for name in lagging:
             states[name]["every_worker"] = False
         ready = not lagging and all(slot.ready for slot in self.server.slots.values())

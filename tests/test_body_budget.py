@@ -11,6 +11,7 @@ import pytest
 from server_harness import Contract, Server, metric_total
 from vllm_sr_runtime.errors import ClientGone, Overloaded
 from vllm_sr_runtime.server.body_budget import BodyBudget
+from vllm_sr_runtime.server.client_connection import Client
 
 CONTRACT = Contract()
 QUESTIONS = {"a": {"type": "noul", "instructions": "Is this about code?"}}
@@ -83,6 +84,7 @@ def test_a_server_answers_429_to_a_body_beyond_the_budget_and_takes_it_once_one_
 def test_requests_with_media_wait_for_one_of_the_workers_media_slots():
     """A request with images or videos holds a media slot from before its decode until it is answered (its decoded
     pixels live that long); with every slot held, the next one waits up to its deadline and is then refused."""
+    import threading
     from contextlib import ExitStack
 
     from vllm_sr_runtime.server.app import Server as App
@@ -97,24 +99,31 @@ def test_requests_with_media_wait_for_one_of_the_workers_media_slots():
 
     before = slots_held()
     with ExitStack() as held:
-        for _ in range(3):
-            held.enter_context(app.media_slot([image], 30_000, time.perf_counter()))
+        first = held.enter_context(ExitStack())
+        first.enter_context(app.media_slot([image], 30_000, time.perf_counter(), Client()))
+        for _ in range(2):
+            held.enter_context(app.media_slot([image], 30_000, time.perf_counter(), Client()))
         assert slots_held() == before + 3
-        with app.media_slot([{"state": "text only", "images": []}], 30_000, time.perf_counter()):
+        with app.media_slot([{"state": "text only", "images": []}], 30_000, time.perf_counter(), Client()):
             pass  # text never waits
         waited = time.monotonic()
-        with pytest.raises(Overloaded, match="--media-slots 3") as refused, app.media_slot([image], 300, time.perf_counter()):
+        with pytest.raises(Overloaded, match="--media-slots 3") as refused, app.media_slot([image], 300, time.perf_counter(), Client()):
             pass
         assert refused.value.limit == "media_slots"
         assert time.monotonic() - waited >= 0.3
         waited = time.monotonic()
-        with pytest.raises(Overloaded), app.media_slot([{"state": "text"}, image], 2_000, time.perf_counter() - 10):  # a bundle with one
+        with pytest.raises(Overloaded), app.media_slot([{"state": "text"}, image], 2_000, time.perf_counter() - 10, Client()):  # a bundle with one
             pass
         assert time.monotonic() - waited < 1.5  # its deadline was spent before it asked (reading its body, say): no wait
-        waited = time.monotonic()
-        with pytest.raises(ClientGone), app.media_slot([image], 30_000, time.perf_counter(), client_gone=lambda: time.monotonic() - waited > 0.5):
+        waited, leaving = time.monotonic(), Client()
+        threading.Timer(0.5, leaving.leave).start()
+        with pytest.raises(ClientGone), app.media_slot([image], 30_000, time.perf_counter(), leaving):
             pass
         assert time.monotonic() - waited < 5  # its client left: it stopped waiting then, not at its 30 s deadline
-    with app.media_slot([image], 30_000, time.perf_counter()):
+        waited = time.monotonic()
+        threading.Timer(0.5, first.close).start()  # a slot freed while one waits: it is taken then
+        with app.media_slot([image], 30_000, time.perf_counter(), Client()):
+            assert 0.4 < time.monotonic() - waited < 5
+    with app.media_slot([image], 30_000, time.perf_counter(), Client()):
         pass  # released when the requests were answered
     assert slots_held() == before

@@ -6,12 +6,10 @@ Every error becomes the `{"error": {"code", "message"}}` envelope in one place (
 from __future__ import annotations
 
 import copy
-import functools
 import logging
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -28,8 +26,9 @@ from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
 from vllm_sr_runtime.server.body_budget import BodyBudget
 from vllm_sr_runtime.server.body_encoding import decoded_body
-from vllm_sr_runtime.server.client_connection import client_closed
+from vllm_sr_runtime.server.client_connection import Client, ClientWatch
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ServeConfig, model_aliases
+from vllm_sr_runtime.server.media_slots import MediaSlots
 from vllm_sr_runtime.server.slots import ModelSlot
 
 log = logging.getLogger("vllm_sr_runtime.server")
@@ -47,7 +46,6 @@ def _json(resp: falcon.Response, status: int, body: Any) -> None:
 
 OPENAPI = yaml.safe_load(resources.files("vllm_sr_runtime.server").joinpath("openapi.yaml").read_text())
 LOADING_RETRY_AFTER_S = 5  # Retry-After of a 503 from a model still loading or warming (a failed one has none)
-CLIENT_CHECK_S = 0.2  # while a request waits for its forward, how often it checks that its client is still there
 DISCARD_BYTES = 64 * 1024 * 1024  # how much of an over-limit body is read and dropped before answering 413
 
 
@@ -73,7 +71,8 @@ class Server:
         self.slots = {slot.name: slot for slot in slots}
         self.aliases = model_aliases(config.models, list(self.slots))
         self.body_budget = BodyBudget(config.inflight_request_bytes(), metrics.INFLIGHT_BODY_BYTES.set)
-        self.media_slots = threading.BoundedSemaphore(config.media_slots)
+        self.media_slots = MediaSlots(config.media_slots)
+        self.client_watch = ClientWatch()
         for slot in slots:
             slot.aliases = sorted(alias for alias, name in self.aliases.items() if name == slot.name)
 
@@ -196,13 +195,12 @@ class Server:
     # -- the decision endpoints ---------------------------------------------------------------------
     def decide(self, req: falcon.Request, resp: falcon.Response, endpoint: str) -> None:
         started = time.perf_counter()
-        client_gone = functools.partial(client_closed, req)
         with self.held_body(req) as body:
             slot, options = self.admitted(body)
-            with self.media_slot([body], options["deadline_ms"], started, client_gone):
+            with self.client_watch.watching(req) as client, self.media_slot([body], options["deadline_ms"], started, client):
                 call = self.planned(slot, options, body, started)
-                job = self.submit(call)
-                payload, timing = self.finish(call, job, client_gone)
+                job = self.submit(call, client)
+                payload, timing = self.finish(call, job)
         serialize_start = time.perf_counter()
         data = orjson.dumps(payload)
         serialize = time.perf_counter() - serialize_start
@@ -231,20 +229,25 @@ class Server:
         return Call(slot, options, plan, started, time.perf_counter(), deadline_at(started, options["deadline_ms"]))
 
     @staticmethod
-    def submit(call: "Call"):
-        """Queue the request's passes on its model's scheduler (None when every question errored already)."""
+    def submit(call: "Call", client: Client):
+        """Queue the request's passes on its model's scheduler (None when every question errored already); the job is
+        abandoned if its client leaves."""
         if not call.plan.batches:
             return None
-        return call.slot.scheduler.submit(call.plan, call.deadline, mergeable=profile_named(call.options["profile"]).merges_requests)
+        job = call.slot.scheduler.submit(call.plan, call.deadline, mergeable=profile_named(call.options["profile"]).merges_requests)
+        client.when_gone(job.abandon)
+        return job
 
-    def finish(self, call: "Call", job, client_gone: Callable[[], bool] = lambda: False) -> tuple[dict, str]:
+    def finish(self, call: "Call", job) -> tuple[dict, str]:
         """Wait for the request's answers (to its deadline) and build its payload; returns (payload, Server-Timing).
-        Raises ClientGone (its job dropped unless already running) once `client_gone` says nobody waits any more."""
+        Raises ClientGone when its client left before its answers came (its job dropped unless already running)."""
         slot, options, plan = call.slot, call.options, call.plan
         queue_s = forward_s = 0.0
         cache_hits = reanswered = 0
         if job is not None:
-            finished = wait_for_answers(job, call.deadline, client_gone)
+            finished = job.done.wait(max(0.0, call.deadline - time.monotonic()))
+            if job.abandoned and job.finished is None:
+                raise ClientGone("the client closed its connection while its request waited for its answers")
             queue_s, forward_s = job.queue_seconds, job.forward_seconds
             if finished and job.error is not None:
                 raise job.error
@@ -288,16 +291,18 @@ class Server:
         with self.held_body(req, BUNDLE_BODY_FACTOR * self.config.max_request_bytes) as body:
             tasks, default_deadline = self.validate_bundle(body)
             media_bodies = [task["body"] for task in tasks if isinstance(task["body"], dict)]
-            client_gone = functools.partial(client_closed, req)
-            with self.media_slot(media_bodies, default_deadline or self.config.default_deadline_ms, started, client_gone):
-                results = self.answer_tasks(tasks, default_deadline, started, request_id(req), client_gone)
+            with (
+                self.client_watch.watching(req) as client,
+                self.media_slot(media_bodies, default_deadline or self.config.default_deadline_ms, started, client),
+            ):
+                results = self.answer_tasks(tasks, default_deadline, started, request_id(req), client)
         metrics.BUNDLE_TASKS.observe(len(tasks))
         for result, task in zip(results, tasks):
             metrics.REQUESTS.labels(endpoint=f"bundle:{task['surface']}", status=str(result["status"])).inc()
         _json(resp, 200, {"results": results})
 
     def answer_tasks(
-        self, tasks: list[dict], default_deadline: int | None, started: float, request_id: str, client_gone: Callable[[], bool] = lambda: False
+        self, tasks: list[dict], default_deadline: int | None, started: float, request_id: str, client: Client
     ) -> list[dict]:
         queued: list[tuple[Call, Any] | dict] = []  # a call on its way, or the task's result when it failed first
         where = [f"request {request_id} task {index}" for index in range(len(tasks))]
@@ -309,7 +314,7 @@ class Server:
                 if not isinstance(task["body"], dict):
                     raise InvalidRequest("request body must be a JSON object")
                 call = self.prepare(task["body"], started, default_deadline)
-                queued.append((call, self.submit(call)))
+                queued.append((call, self.submit(call, client)))
             except Exception as exc:  # the task's own error, as it would be answered alone
                 queued.append(error_result(exc, where[index]))
         results = []
@@ -318,18 +323,15 @@ class Server:
                 results.append(entry)
                 continue
             try:
-                results.append({"status": 200, "body": self.finish(*entry, client_gone)[0]})
+                results.append({"status": 200, "body": self.finish(*entry)[0]})
             except ClientGone:
-                for later in queued[index + 1 :]:
-                    if not isinstance(later, dict) and later[1] is not None:
-                        later[1].abandoned = True  # nobody reads the rest either
-                raise
+                raise  # its client abandoned every task's job
             except Exception as exc:
                 results.append(error_result(exc, where[index]))
         return results
 
     @contextmanager
-    def media_slot(self, bodies: list[dict], deadline_ms: int, started: float, client_gone: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    def media_slot(self, bodies: list[dict], deadline_ms: int, started: float, client: Client) -> Iterator[None]:
         """A request (or bundle) that carries images or videos holds one of the worker's media slots from before its
         media decode until it is answered: its decoded pixels (7.4 MB for a 3 kB PNG of 640x480) are held that long,
         so --media-slots bounds them. One that finds none free waits, for what is left of its deadline (a bundle's,
@@ -337,7 +339,7 @@ class Server:
         if not any(body.get("images") or body.get("videos") for body in bodies):
             yield
             return
-        if not waited(lambda timeout: self.media_slots.acquire(timeout=timeout), deadline_at(started, deadline_ms), client_gone, "for a media slot"):
+        if not self.media_slots.acquire(deadline_at(started, deadline_ms), client):
             raise Overloaded(f"every media slot of this worker (--media-slots {self.config.media_slots}) held a request with images or videos until its deadline; retry later", "media_slots")
         metrics.MEDIA_SLOTS_HELD.inc()
         try:
@@ -485,27 +487,6 @@ def deadline_at(started: float, deadline_ms: int) -> float:
     """A request's deadline in time.monotonic() seconds. It counts from the request's start (`started`, a
     time.perf_counter()): reading its body and waiting for a media slot spend it too."""
     return time.monotonic() - (time.perf_counter() - started) + deadline_ms / 1000
-
-
-def waited(wait_once: Callable[[float], bool], until: float, client_gone: Callable[[], bool], what: str) -> bool:
-    """Whether `wait_once(timeout)` succeeded by `until` (time.monotonic()), tried in slices of CLIENT_CHECK_S with a
-    look at the client between them; raises ClientGone once the client has left."""
-    while not wait_once(max(0.0, min(until - time.monotonic(), CLIENT_CHECK_S))):
-        if client_gone():
-            raise ClientGone(f"the client closed its connection while its request waited {what}")
-        if time.monotonic() >= until:
-            return False
-    return True
-
-
-def wait_for_answers(job, deadline: float, client_gone: Callable[[], bool]) -> bool:
-    """Whether the job finished by its deadline; once the client has left, the job is marked abandoned (the scheduler
-    drops it unless it is running) and ClientGone raised."""
-    try:
-        return waited(job.done.wait, deadline, client_gone, "for its answers")
-    except ClientGone:
-        job.abandoned = True
-        raise
 
 
 def request_id(req: falcon.Request) -> str:

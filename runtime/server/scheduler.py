@@ -31,7 +31,12 @@ class Job:
     finished: float | None = None
     response: Response | None = None
     error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)  # answered, failed, dropped, or abandoned
+
+    def abandon(self) -> None:
+        """Its client has left: the scheduler drops it unless its forward has started, and its waiter wakes now."""
+        self.abandoned = True
+        self.done.set()
 
     @property
     def queue_seconds(self) -> float:

@@ -70,6 +70,7 @@ def test_lists_and_defaults_parse_to_numbers():
 
     assert build_config(build_parser().parse_args(["serve", "pkg", "--media-slots", "3"])).media_slots == 3
     assert build_config(build_parser().parse_args(["serve", "pkg"])).media_slots == 8
+    assert build_config(build_parser().parse_args(["serve", "pkg", "--graceful-timeout", "5"])).graceful_timeout == 5
 
 
 def test_a_request_file_is_checked_line_by_line_before_any_model_is_loaded(tmp_path, capsys):

@@ -64,7 +64,7 @@ def documents():
 
 def test_deployments_fit_the_runtime():
     from vllm_sr_runtime.cli import build_parser
-    from vllm_sr_runtime.server.config import DEFAULT_DEADLINE_MS, ServeConfig
+    from vllm_sr_runtime.server.config import DEFAULT_DEADLINE_MS
 
     deployments = [d for d in documents() if d["kind"] == "Deployment"]
     assert {d["metadata"]["name"] for d in deployments} == {"vllm-sr-runtime", "vllm-sr-runtime-cuda", "vllm-sr-runtime-rocm"}
@@ -79,7 +79,7 @@ def test_deployments_fit_the_runtime():
         assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
         assert container["ports"][0]["containerPort"] == 8100
         assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
-        assert pod["spec"]["terminationGracePeriodSeconds"] > (args.deadline_ms or DEFAULT_DEADLINE_MS) / 1000 + ServeConfig(models=[]).graceful_timeout
+        assert pod["spec"]["terminationGracePeriodSeconds"] > (args.deadline_ms or DEFAULT_DEADLINE_MS) / 1000 + args.graceful_timeout
         assert "requests" in container["resources"] and "limits" in container["resources"]
         gpu = {"vllm-sr-runtime-cuda": "nvidia.com/gpu", "vllm-sr-runtime-rocm": "amd.com/gpu"}.get(deployment["metadata"]["name"])
         if gpu:

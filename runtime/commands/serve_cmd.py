@@ -105,6 +105,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         load_retry_seconds=args.load_retry_seconds,
         log_level=args.log_level,
         access_log=args.access_log,
+        graceful_timeout=args.graceful_timeout,
     )
 
 
@@ -157,6 +158,11 @@ def register(sub) -> None:
         "thread of its own, and /health never waits behind them)",
     )  # fmt: skip
     parser.add_argument("--max-queue", type=positive_int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")
+    parser.add_argument(
+        "--graceful-timeout", type=positive_int, default=ServeConfig.graceful_timeout, metavar="SECONDS",
+        help="on SIGTERM (and for a reload's old workers), how long a worker may take to answer its requests in flight and "
+        "end a running forward before it is killed (keep the pod's terminationGracePeriodSeconds above it plus --deadline-ms)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-request-bytes", type=positive_int, default=ServeConfig.max_request_bytes,
         help="the largest request body, once decoded (413 beyond it; a bundle may be 4 times it)",

@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -113,6 +114,9 @@ class ServeApplication(BaseApplication):
             # share of the count then (the running ones keep theirs until a reload)
             ServeApplication.cpu_share.update(share_among_workers(server.num_workers, ServeApplication.cpu_share))
 
+        def worker_exit(server, worker) -> None:
+            end_native_work(ServeApplication.worker_slots, config.graceful_timeout)
+
         def post_fork(server, worker) -> None:
             ServeApplication.current_worker = worker
             ServeApplication.others_at_fork = len(server.WORKERS)  # the workers that serve while this one starts
@@ -138,6 +142,7 @@ class ServeApplication(BaseApplication):
             "child_exit": child_exit,
             "pre_fork": pre_fork,
             "post_fork": post_fork,
+            "worker_exit": worker_exit,
             "umask": 0o077 if config.uds else 0o022,
         }
         for key, value in settings.items():
@@ -145,6 +150,7 @@ class ServeApplication(BaseApplication):
 
     cpu_share: dict[str, str] = {}  # the master's: what share_among_workers set
     current_worker = None
+    worker_slots: list = []  # this worker's models, for its exit
     others_at_fork = 0
     old_master_serves = False
 
@@ -194,6 +200,7 @@ class ServeApplication(BaseApplication):
         started_while_others_serve = replaces_one or ServeApplication.old_master_serves
         names = [spec.served_name() for spec in self.config.models]
         slots = [ModelSlot(spec, self.config, name, accepts_while_loading=not started_while_others_serve) for spec, name in zip(self.config.models, names)]
+        ServeApplication.worker_slots = slots
         if started_while_others_serve:
             loading = threading.Event()
             threading.Thread(target=_heartbeat, args=(worker, loading), daemon=True).start()
@@ -216,6 +223,20 @@ def _load_all(slots, settled_mark: Path) -> None:
     for thread in threads:
         thread.join()
     settled_mark.touch()
+
+
+def end_native_work(slots, timeout: float) -> None:
+    """Before a worker's interpreter finalizes. A thread still inside torch or ONNX Runtime then is ended under its C++
+    frames and the worker aborts ("terminate called without an active exception", SIGABRT): a request answered
+    deadline_exceeded leaves its forward running, and a SIGTERM may come mid-load. Each model's scheduler finishes
+    its forward and stops; a worker whose load still runs, or whose forward outlasts `timeout`, exits at once."""
+    until = time.monotonic() + timeout
+    running = {slot.name: slot.close(max(0.0, until - time.monotonic())) for slot in slots}
+    unfinished = [f"model {name}: {what}" for name, what in running.items() if what]
+    if unfinished:
+        logging.getLogger("vllm_sr_runtime.server").warning("exiting without waiting for %s", "; ".join(unfinished))
+        logging.shutdown()
+        os._exit(0)
 
 
 def _heartbeat(worker, done: threading.Event) -> None:

@@ -70,6 +70,7 @@ class Scheduler:
         self.on_batch = on_batch
         self.on_depth = on_depth or (lambda depth: None)
         self.on_drop = on_drop or (lambda job: None)
+        self.stopped = False
         self.thread = threading.Thread(target=self._run, name=f"scheduler-{model.name}", daemon=True)
         self.thread.start()
 
@@ -97,10 +98,10 @@ class Scheduler:
 
     def _run(self) -> None:
         running = True
-        while running:
+        while running and not self.stopped:
             first = self.queue.get()
             if first is None:
-                return
+                break
             merged, alone = ([first], []) if first.mergeable else ([], [first])
             if first.mergeable:
                 # Only requests already waiting are merged: a lone request on an idle device never waits. When
@@ -118,8 +119,14 @@ class Scheduler:
             for job in alone:
                 if not self._expired(job):
                     self._run_alone(job)
+        while not self.queue.empty():  # stopped: nobody waits for what is left
+            if (job := self.queue.get_nowait()) is not None:
+                job.done.set()
 
     def _expired(self, job: Job) -> bool:
+        if self.stopped:  # nobody waits for it any more
+            job.done.set()
+            return True
         if not job.abandoned and time.monotonic() < job.deadline:
             return False
         self.on_drop(job)
@@ -151,4 +158,15 @@ class Scheduler:
             job.done.set()
 
     def stop(self) -> None:
-        self.queue.put(None)
+        """Takes no more work: a forward running ends, what is queued is dropped."""
+        self.stopped = True
+        try:
+            self.queue.put_nowait(None)  # wakes an idle thread
+        except queue.Full:
+            pass  # a busy one sees `stopped` after its forward
+
+    def close(self, timeout: float) -> bool:
+        """Stops, and waits up to `timeout` seconds for a running forward to end; whether the thread has ended."""
+        self.stop()
+        self.thread.join(timeout)
+        return not self.thread.is_alive()

@@ -141,6 +141,15 @@ class ModelSlot:
             metrics.SHARED_PASSES.labels(model=self.name).inc()
             metrics.SHARED_PREFIX_TOKENS.labels(model=self.name).inc(prefix * (len(batch.items) - 1))
 
+    def close(self, timeout: float) -> str | None:
+        """As the worker exits: stops the scheduler, waiting up to `timeout` for a forward still running (a request
+        past its deadline leaves one); what of this model may still run in torch or ONNX Runtime (None: nothing)."""
+        if self.state in ("loading", "warming"):
+            return f"its load ({self.state})"  # a load cannot be stopped
+        if self.scheduler is not None and not self.scheduler.close(timeout):
+            return f"a forward still running after {timeout:g} s"
+        return None
+
     @property
     def ready(self) -> bool:
         return self.state == "ready"

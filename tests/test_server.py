@@ -369,9 +369,18 @@ def test_several_models_by_name(packages, tmp_path):
 def test_system_one_alias_and_repeated_served_model_names(packages, tmp_path):
     """System One superset: `model` may be omitted with one model served, `jev-latest` names the default
     model, and each extra --served-model-name is an alias; other names are still 404s."""
-    server = Server([str(packages["d3"]), "--served-model-name", "tiny", "--served-model-name", "tiny-alias", "--device", "cpu"], log=tmp_path / "log")
+    server = Server(
+        [str(packages["d3"]), "--served-model-name", "tiny", "--served-model-name", "tiny-alias", "--device", "cpu", "--keepalive", "1"],
+        log=tmp_path / "log",
+    )  # fmt: skip
     try:
         server.wait()
+        kept = server.connection(timeout=10)  # --keepalive 1: an idle kept-alive connection is closed after a second
+        kept.request("GET", "/health/live")
+        assert kept.getresponse().read() and kept.sock is not None
+        kept.sock.settimeout(10)
+        idle = time.monotonic()
+        assert kept.sock.recv(1) == b"" and 0.5 < time.monotonic() - idle < 3.5  # closed by the server (the default is 5 s)
         card = checked(server, "GET", "/v1/models").json()["data"][0]
         assert card["id"] == "tiny" and card["aliases"] == ["jev-latest", "tiny-alias"]
         answers = []

@@ -106,6 +106,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         log_level=args.log_level,
         access_log=args.access_log,
         graceful_timeout=args.graceful_timeout,
+        keepalive=args.keepalive,
     )
 
 
@@ -158,6 +159,11 @@ def register(sub) -> None:
         "thread of its own, and /health never waits behind them)",
     )  # fmt: skip
     parser.add_argument("--max-queue", type=positive_int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")
+    parser.add_argument(
+        "--keepalive", type=positive_int, default=ServeConfig.keepalive, metavar="SECONDS",
+        help="how long an idle kept-alive connection stays open; behind a proxy that pools connections, keep its upstream "
+        "idle timeout below this (Envoy's default is 1 h): a request sent as the server closes the connection fails",
+    )  # fmt: skip
     parser.add_argument(
         "--graceful-timeout", type=positive_int, default=ServeConfig.graceful_timeout, metavar="SECONDS",
         help="on SIGTERM (and for a reload's old workers), how long a worker may take to answer its requests in flight and "

@@ -93,6 +93,7 @@ class ServeConfig:
     access_log: bool = False  # one line per request on stderr: client, request line, status, bytes, ms, request id
     timeout: int = 120
     graceful_timeout: int = 60
+    keepalive: int = 5  # seconds an idle kept-alive connection stays open
     extra: dict = field(default_factory=dict)
 
     def request_threads(self) -> int:

@@ -131,7 +131,7 @@ class ServeApplication(BaseApplication):
             "worker_connections": max(DEFAULT_WORKER_CONNECTIONS, 2 * config.request_threads()),  # keep-alive room beyond the threads
             "timeout": config.timeout,
             "graceful_timeout": config.graceful_timeout,
-            "keepalive": 5,
+            "keepalive": config.keepalive,
             "preload_app": False,
             "control_socket_disable": True,
             "accesslog": "-" if config.access_log else None,

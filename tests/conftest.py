@@ -58,6 +58,34 @@ def packages(tmp_path_factory) -> dict[str, Path]:
     return written
 
 
+def run_scratch(tmp_path_factory) -> Path:
+    """A folder this test run's workers share (under pytest-xdist each worker's basetemp is a child of the run's)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def default_artifact(packages, tmp_path_factory):
+    """`default_artifact(name)`: the default export (contrib, fp32, smoke parity) of a test package, made once per run
+    and shared by the workers (a trace takes 20-50 s; packages are deterministic, so every worker's copy of a package
+    has the same model_sha256). Read it; copy it before changing it."""
+    from filelock import FileLock
+
+    from vllm_sr_runtime.export.exporter import export_package
+
+    root = run_scratch(tmp_path_factory) / "default-artifacts"
+    root.mkdir(exist_ok=True)
+
+    def get(name: str) -> Path:
+        out = root / name
+        with FileLock(str(root / f"{name}.lock")):
+            if not (out / "artifact.json").exists():
+                export_package(packages[name], out, progress=False, **load_kwargs(name, packages[name]))
+        return out
+
+    return get
+
+
 def load_kwargs(name: str, path: Path) -> dict:
     return {"base_path": path.parent / f"{path.name}-base"} if name == "d2_lora" else {}
 

@@ -5,22 +5,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import vllm_sr_runtime
 from vllm_sr_runtime.bench.flops import GemmCeilings
-from vllm_sr_runtime.export.exporter import export_package
 from hub_server import PINNED_REVISION, HubServer
 from server_harness import Server, metric_total, unloadable_copy
 
 ROW_FIELDS = {"profile", "length", "questions", "concurrency", "median_ms", "p90_ms", "rps", "ratio_to_exact", "gflops", "fraction_of_limit"}
 
 
-def test_bench_forward(packages, tmp_path):
-    artifact = tmp_path / "artifact"
-    export_package(packages["d3"], artifact, progress=False)
+def test_bench_forward(packages, default_artifact, tmp_path):
+    artifact = default_artifact("d3")
     out = tmp_path / "bench"
     result = subprocess.run(
         [sys.executable, "-m", "vllm_sr_runtime.cli", "bench", str(packages["d3"]), "--artifact", str(artifact), "--lengths", "200,400",

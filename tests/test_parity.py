@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sr_runtime.export.exporter import export_package
 from vllm_sr_runtime.parity.suite import builtin_suite, short_suite
 
 
@@ -50,9 +49,8 @@ def test_short_suite_is_the_builtin_suites_short_questions():
 
 # d3 here; Decision 2.0 max_speed parity per length and batch is test_export.py's every-length test.
 @pytest.mark.parametrize("name", ["d3"])
-def test_max_speed_parity_passes_its_gates(packages, tmp_path, name):
-    artifact = tmp_path / "artifact"
-    export_package(packages[name], artifact, progress=False)
+def test_max_speed_parity_passes_its_gates(packages, default_artifact, tmp_path, name):
+    artifact = default_artifact(name)
     out = tmp_path / "report"
     result = run_parity(str(packages[name]), "--artifact", str(artifact), "--out", str(out), "--max-changed-rate", "0", "--max-abs-diff", "1e-4")
     assert result.returncode == 0, result.stderr[-3000:]

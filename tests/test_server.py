@@ -11,7 +11,6 @@ import pytest
 
 import vllm_sr_runtime
 from conftest import load_kwargs
-from vllm_sr_runtime.export.exporter import export_package
 from hub_server import PINNED_REVISION, HubServer
 from server_harness import Contract, Server, free_port, metric_total, unloadable_copy
 
@@ -31,13 +30,8 @@ def checked(server: Server, method: str, path: str, body=None, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def artifacts(packages, tmp_path_factory):
-    root = tmp_path_factory.mktemp("server-artifacts")
-    made = {}
-    for name in ("d3", "d2_qwen3_5"):
-        export_package(packages[name], root / name, progress=False)
-        made[name] = root / name
-    return made
+def artifacts(default_artifact):
+    return {name: default_artifact(name) for name in ("d3", "d2_qwen3_5")}
 
 
 SERVERS = [("d3", "exact", "tcp"), ("d2_qwen3_5", "exact", "uds"), ("d3", "max_speed", "uds"), ("d2_qwen3_5", "max_speed", "tcp")]

@@ -325,7 +325,7 @@ class Server:
             try:
                 results.append({"status": 200, "body": self.finish(*entry)[0]})
             except ClientGone:
-                raise  # its client abandoned every task's job
+                raise  # not the task's own error: the client left, abandoning every task's job
             except Exception as exc:
                 results.append(error_result(exc, where[index]))
         return results

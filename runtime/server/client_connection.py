@@ -9,6 +9,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -86,9 +87,8 @@ class ClientWatch:
                 del self._watched[key]
 
     def _run(self) -> None:
-        event = threading.Event()  # never set: a sleep
         while True:
-            event.wait(self.every_s)
+            time.sleep(self.every_s)
             self.look()
 
     def look(self) -> None:

@@ -12,7 +12,6 @@ from vllm_sr_runtime.server.client_connection import Client
 
 class MediaSlots:
     def __init__(self, count: int):
-        self.count = count
         self.free = count
         self._changed = threading.Condition()
 

@@ -119,9 +119,9 @@ class Scheduler:
             for job in alone:
                 if not self._expired(job):
                     self._run_alone(job)
-        while not self.queue.empty():  # stopped: nobody waits for what is left
+        while not self.queue.empty():  # stopped: what is left is dropped
             if (job := self.queue.get_nowait()) is not None:
-                job.done.set()
+                self._expired(job)
 
     def _expired(self, job: Job) -> bool:
         if self.stopped:  # nobody waits for it any more

@@ -32,11 +32,18 @@ def trace_and_write_peak(package, out, dtype: str) -> int:
     return max(phases[name]["peak_rss_bytes"] for name in ("load", "trace", "write"))
 
 
+@pytest.fixture(scope="module")
+def kai_packages(tmp_path_factory) -> dict:
+    """Kai's width (hidden 1024, FFN 3072, 16 heads, head dim 128) at two depths: each extra layer holds ~58 MB of
+    fp32 weights. Read only, by both dtypes' tests (a Kai-width package takes 15-20 s to write)."""
+    root = tmp_path_factory.mktemp("kai")
+    return {layers: write_synthetic_package("decision2", root / f"kai-{layers}", backbone="qwen3", size="kai", layers=layers)[0] for layers in (SHALLOW, DEEP)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
-def test_trace_and_write_memory_does_not_follow_depth(tmp_path, dtype):
-    # Kai's width (hidden 1024, FFN 3072, 16 heads, head dim 128): each extra layer holds ~58 MB of fp32 weights.
-    packages = {layers: write_synthetic_package("decision2", tmp_path / f"kai-{layers}", backbone="qwen3", size="kai", layers=layers)[0] for layers in (SHALLOW, DEEP)}
+def test_trace_and_write_memory_does_not_follow_depth(kai_packages, tmp_path, dtype):
+    packages = kai_packages
     extra = (DEEP - SHALLOW) * layer_parameters(1024, 3072, 16, 8, 128) * 4
     assert extra > 300 * 2**20
     peaks = {layers: trace_and_write_peak(packages[layers], tmp_path / f"artifact-{layers}", dtype) for layers in (SHALLOW, DEEP)}

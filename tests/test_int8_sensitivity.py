@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import vllm_sr_runtime
-from vllm_sr_runtime.cpu_features import int8_products_saturate, widest_int8_weight_bits
+from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
 from vllm_sr_runtime.export import int8_options, int8_sensitivity
 from vllm_sr_runtime.export.exporter import build_export_module, export_package
 from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS, NBITS_BLOCK
@@ -58,7 +58,7 @@ def test_first_order_prediction_matches_the_margin_change_of_quantizing_one_line
     block = NBITS_BLOCK if form == "block" else None
     family = models(name).family
     module = build_export_module(family, "fp32")
-    requests = [(state, {key: question}) for state, questions in int8_sensitivity.builtin_calibration().requests for key, question in questions.items()][:10]
+    requests = [(state, {key: question}) for state, questions in int8_sensitivity.builtin_calibration().requests for key, question in questions.items()][:20]  # near-ties skipped: the tiny packages hold many
     checked = 0
     flags = [p.requires_grad for p in module.parameters()]
     for state, questions in requests:
@@ -172,15 +172,16 @@ def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_
     assert rule["int8"]["fp32_choice"] == "rule" and rule["int8"]["measured"] is None
     result = subprocess.run(
         [sys.executable, "-m", "vllm_sr_runtime.cli", "export", str(packages["d3"]), "--out", str(tmp_path / "measured"),
-         "--dtype", "int8", "--int8-target", "0.5", "--int8-sensitive", "block", "--smoke", "off", "--quiet",
-         "--int8-weight-bits", str(widest_int8_weight_bits())],  # served below: at the width this CPU's products take
+         "--dtype", "int8", "--int8-target", "0.2", "--int8-sensitive", "block", "--smoke", "off", "--quiet",
+         "--int8-weight-bits", str(SAFE_WEIGHT_BITS)],  # served below: a width every CPU's products take; the target
+        # is set for it (7-bit weights: all-int8 spread 0.47 on the tiny d3, 3 weights in the block form and 2 kept FP32 meet 0.2)
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = json.loads((tmp_path / "measured" / "artifact.json").read_text())
     measured = manifest["int8"]["measured"]
-    assert manifest["int8"]["fp32_choice"] == "measured" and measured["target"] == 0.5 and not manifest["smoke"]["ran"]
-    assert measured["kept"] and measured["predicted_spread_chosen"] <= 0.5 < measured["predicted_spread_all_int8"]
+    assert manifest["int8"]["fp32_choice"] == "measured" and measured["target"] == 0.2 and not manifest["smoke"]["ran"]
+    assert measured["kept"] and measured["predicted_spread_chosen"] <= 0.2 < measured["predicted_spread_all_int8"]
     assert f"{len(measured['kept'])} MatMuls" in result.stdout and "--int8-calibration FILE.jsonl" in result.stdout
     mostly_fp32 = measured["kept_share_of_quantizable_macs"] >= int8_options.MOSTLY_FP32_SHARE
     assert ("runs not far from --dtype fp32's speed" in result.stdout) == mostly_fp32

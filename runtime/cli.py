@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--attention-mode", choices=["causal", "noncausal_full_attention"], help="decision3 (default noncausal_full_attention, as released)")
     fixture.add_argument("--vision", action="store_true", help="decision3: add a vision tower (visual. weights, processor configs)")
     fixture.add_argument("--max-length", type=int, help="decision3: the longest prompt the package declares (default 4096)")
-    fixture.add_argument("--layers", type=positive_int, help="change the backbone's depth (hybrid backbones keep the 3:1 GDN / full-attention pattern)")
+    fixture.add_argument("--layers", type=positive_int, help="change the backbone's depth (hybrid backbones repeat their size's GDN / full-attention pattern: 3:1 at real dimensions, 1:1 tiny)")
     fixture.add_argument("--out", required=True, help="the package folder to write")
     fixture.set_defaults(func=cmd_fixture)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -139,16 +139,19 @@ def atomic_directory(out: Path, replaces: str | None = ARTIFACT_FILE):
     check_replaceable(out, replaces)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(out)
-    temp = Path(tempfile.mkdtemp(prefix=f".{out.name}{PARTIAL_MARK}", suffix=f"-{os.getpid()}", dir=out.parent))
+    # named before it is made, and made under the SIGTERM handler: a signal that lands just after the mkdir still
+    # finds it to remove (mkdtemp, before the handler and naming it only once made, left it behind)
+    temp = out.parent / f".{out.name}{PARTIAL_MARK}{secrets.token_hex(8)}-{os.getpid()}"
     previous = signal.getsignal(signal.SIGTERM)
 
     def terminate(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     in_main = _is_main_thread()
-    if in_main:
-        signal.signal(signal.SIGTERM, terminate)
     try:
+        if in_main:
+            signal.signal(signal.SIGTERM, terminate)
+        temp.mkdir(mode=0o700)
         yield temp
         _publishable(temp)
         check_replaceable(out, replaces)
@@ -168,7 +171,7 @@ def atomic_directory(out: Path, replaces: str | None = ARTIFACT_FILE):
 
 
 def _publishable(root: Path) -> None:
-    """mkdtemp makes a private directory; an artifact is read by other users (containers, read-only mounts)."""
+    """The partial folder is made private (0700); an artifact is read by other users (containers, read-only mounts)."""
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(root, 0o777 & ~mask)

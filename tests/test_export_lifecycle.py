@@ -16,7 +16,7 @@ import torch
 import vllm_sr_runtime
 from user_files import assert_untouched, user_files
 from conftest import load_kwargs
-from vllm_sr_runtime.artifacts import read_artifact
+from vllm_sr_runtime.artifacts import PARTIAL_MARK, atomic_directory, read_artifact
 from vllm_sr_runtime.export.exporter import export_package
 from vllm_sr_runtime.export.provider_checks import cuda_kernel_gaps
 from vllm_sr_runtime.errors import ArtifactError, PackageError
@@ -62,6 +62,26 @@ def test_interrupted_export_leaves_no_artifact(packages, tmp_path, sig):
     else:
         export_package(packages["d2_qwen3_5"], out, progress=False)  # a later export clears the stale partial
         assert out.is_dir() and not list(tmp_path.glob(".artifact.partial-*"))
+
+
+def test_a_signal_just_after_the_partial_folder_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """A SIGTERM (KeyboardInterrupt from the write's handler) that lands right after the partial folder is created,
+    before the code that made it has handed it over, still removes it: the folder is named before it exists, under
+    the handler (it once came from mkdtemp ahead of both, and the interrupted-export test above caught the window)."""
+    real_mkdir = os.mkdir
+
+    def mkdir_then_signal(path, *args, **kwargs):
+        real_mkdir(path, *args, **kwargs)
+        if PARTIAL_MARK in os.fspath(path):
+            raise KeyboardInterrupt("signal 15")
+
+    handler = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(os, "mkdir", mkdir_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_directory(tmp_path / "artifact"):
+            pytest.fail("the write began although its folder was interrupted")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == [] and signal.getsignal(signal.SIGTERM) is handler
 
 
 def test_export_prints_the_graphs_notices_not_torchs(packages, tmp_path):

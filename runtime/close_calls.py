@@ -16,6 +16,7 @@ import numpy as np
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.families.answers import answer_distribution, top_margin
 from vllm_sr_runtime.families.base import Batch, Family
+from vllm_sr_runtime.interrupts import Interrupt
 
 
 def check_margin(margin: float, profile: str) -> None:
@@ -34,8 +35,21 @@ def margin_for(max_abs_diff: float) -> float | None:
     return min(1.0, 2.0 * max_abs_diff) if max_abs_diff > 0 else None
 
 
-def engine_outputs(engine: Any, batch: Batch) -> np.ndarray:
-    """The engine's output rows for a batch (the pass the batch's kind asks for)."""
+def engine_outputs(engine: Any, batch: Batch, interrupt: Interrupt | None = None) -> np.ndarray:
+    """The engine's output rows for a batch (the pass the batch's kind asks for). With `interrupt`: raises
+    Interrupted instead of starting the pass once it is set, and an engine that offers `interruptible` (see
+    vllm_sr_runtime.engines.Engine) also ends the pass in flight."""
+    if interrupt is None:
+        return pass_outputs(engine, batch)
+    interrupt.check()
+    watch = getattr(engine, "interruptible", None)
+    if watch is None:
+        return pass_outputs(engine, batch)
+    with watch(interrupt):
+        return pass_outputs(engine, batch)
+
+
+def pass_outputs(engine: Any, batch: Batch) -> np.ndarray:
     if batch.media:
         return engine.forward_media(batch.inputs)
     if batch.shared:

@@ -19,6 +19,7 @@ from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.base import Family, Plan
 from vllm_sr_runtime.families.questions import check_state
+from vllm_sr_runtime.interrupts import Interrupt
 from vllm_sr_runtime.profiles import build_engine, profile_named
 from vllm_sr_runtime.packages.resolve import resolve_package
 
@@ -99,13 +100,17 @@ class DecisionModel:
             plan.profile = chosen
         return plan
 
-    def execute(self, plan: Plan, on_batch=None) -> Response:
+    def execute(self, plan: Plan, on_batch=None, interrupt: Interrupt | None = None) -> Response:
         """Run the plan's passes on the engine (the device owner's thread) and assemble the answers."""
-        return self.execute_many([plan], on_batch=on_batch, merge=False)[0]
+        return self.execute_many([plan], on_batch=on_batch, merge=False, interrupt=interrupt)[0]
 
-    def execute_many(self, plans: list[Plan], budget_tokens: int = DEFAULT_BATCH_TOKENS, on_batch=None, merge: bool = True) -> list[Response]:
+    def execute_many(
+        self, plans: list[Plan], budget_tokens: int = DEFAULT_BATCH_TOKENS, on_batch=None, merge: bool = True, interrupt: Interrupt | None = None
+    ) -> list[Response]:  # fmt: skip
         """Each plan's passes; with `merge` (profile `batching`) the rows of several requests share passes,
-        sorted by length and packed under a padded-token budget. Each request gets its own answers back."""
+        sorted by length and packed under a padded-token budget. Each request gets its own answers back.
+        Once `interrupt` is set (from another thread), raises Interrupted: no further pass starts, and an engine
+        that can ends the pass in flight."""
         owners = {id(item): index for index, plan in enumerate(plans) for batch in plan.batches for item in batch.items}
         if merge:
             items = [item for plan in plans for batch in plan.batches if not batch.media for item in batch.items]
@@ -116,7 +121,7 @@ class DecisionModel:
         produced = [dict(plan.errors) for plan in plans]
         hits, misses, reanswered = [0] * len(plans), [0] * len(plans), [0] * len(plans)
         profile = (plans[0].profile if plans else None) or self.profile
-        for item, answer, cached, by_reference in self._run_passes(batches, on_batch, profile):
+        for item, answer, cached, by_reference in self._run_passes(batches, on_batch, profile, interrupt):
             owner = owners[id(item)]
             produced[owner][item.question.id] = answer
             if cached is not None:
@@ -130,7 +135,7 @@ class DecisionModel:
             for index, plan in enumerate(plans)
         ]
 
-    def _run_passes(self, batches, on_batch, profile: str):
+    def _run_passes(self, batches, on_batch, profile: str, interrupt: Interrupt | None):
         """(item, answer, from the cache: True | False | None when no cache applies, answered again by the
         reference) for every row. With a
         result cache, a pass whose rows are all cached is not run; a pass with any new row runs whole, so every
@@ -147,13 +152,13 @@ class DecisionModel:
                         yield item, answer, True, False
                     continue
                 cache.record(misses=len(keys))
-            for index, (item, answer, by_reference) in enumerate(self._run_pass(batch, on_batch)):
+            for index, (item, answer, by_reference) in enumerate(self._run_pass(batch, on_batch, interrupt)):
                 if keys is not None:
                     cache.put(keys[index], answer)
                 yield item, answer, (False if keys is not None else None), by_reference
 
-    def _run_pass(self, batch, on_batch) -> list[tuple[Any, dict, bool]]:
-        outputs = engine_outputs(self.engine, batch)
+    def _run_pass(self, batch, on_batch, interrupt: Interrupt | None) -> list[tuple[Any, dict, bool]]:
+        outputs = engine_outputs(self.engine, batch, interrupt)
         if batch.shared:
             self.shared_questions += len(batch.items)
         answered = [(item, self._answer(item, row)) for item, row in zip(batch.items, outputs)]

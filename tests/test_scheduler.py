@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+from vllm_sr_runtime.errors import NotReady
+from vllm_sr_runtime.interrupts import Interrupted
 from vllm_sr_runtime.server.scheduler import Scheduler
 
 
@@ -18,12 +20,12 @@ class RecordingModel:
     def __init__(self):
         self.release, self.runs = threading.Event(), []
 
-    def execute(self, plan, on_batch=None):
+    def execute(self, plan, on_batch=None, interrupt=None):
         self.release.wait(30)
         self.runs.append([plan])
         return plan
 
-    def execute_many(self, plans, max_tokens, on_batch=None):
+    def execute_many(self, plans, max_tokens, on_batch=None, interrupt=None):
         self.runs.append(list(plans))
         return list(plans)
 
@@ -77,3 +79,63 @@ def test_close_says_when_a_forward_outlasts_its_wait():
     assert scheduler.close(0.2) is False
     model.release.set()
     scheduler.thread.join(30)
+
+
+class StoppableModel:
+    """A forward that runs until released or until its run's interrupt is set (as the engines' passes do)."""
+
+    name = "stoppable"
+
+    def __init__(self):
+        self.release, self.started = threading.Event(), threading.Event()
+
+    def execute(self, plan, on_batch=None, interrupt=None):
+        return self.execute_many([plan], 0, on_batch, interrupt=interrupt)[0]
+
+    def execute_many(self, plans, max_tokens, on_batch=None, interrupt=None):
+        self.started.set()
+        while not self.release.wait(0.01):
+            interrupt.check()
+        return list(plans)
+
+
+def test_a_run_is_interrupted_once_nobody_waits_for_any_of_its_requests():
+    model, interrupted = StoppableModel(), []
+    scheduler = Scheduler(model, max_queue=8, batch_window_ms=50, on_interrupted=interrupted.append)
+    deadline = time.monotonic() + 60
+    try:
+        alone = scheduler.submit("alone", deadline)
+        assert model.started.wait(30)
+        merged = [scheduler.submit(f"merged{i}", deadline, mergeable=True) for i in range(2)]
+        alone.give_up()  # its waiter answered deadline_exceeded
+        assert alone.done.wait(30) and alone.interrupted and isinstance(alone.error, Interrupted)
+        assert interrupted == [alone]
+        model.started.clear()
+        assert model.started.wait(30)  # the two merged requests' run
+        merged[0].abandon()  # one client left: the other still waits, so the run goes on
+        time.sleep(0.2)
+        assert not merged[1].done.is_set() and interrupted == [alone]
+        merged[1].give_up()
+        assert merged[1].done.wait(30)
+        assert all(job.interrupted for job in merged) and interrupted == [alone, *merged]
+        model.release.set()
+        last = scheduler.submit("last", deadline)
+        assert last.done.wait(30) and last.response == "last" and not last.interrupted  # the device went on
+        assert all(job.on_unwanted is None for job in [alone, *merged, last])
+    finally:
+        model.release.set()
+        scheduler.stop()
+
+
+def test_close_interrupts_the_run_in_flight_and_tells_a_request_still_waiting_to_retry():
+    """As a worker exits after its graceful timeout: its run in flight stops instead of holding the exit."""
+    model, interrupted = StoppableModel(), []
+    scheduler = Scheduler(model, max_queue=4, batch_window_ms=0, on_interrupted=interrupted.append)
+    try:
+        job = scheduler.submit("running", time.monotonic() + 60)
+        assert model.started.wait(30)
+        assert scheduler.close(10) is True  # the forward never ends on its own (never released)
+        assert job.done.is_set() and isinstance(job.error, NotReady) and job.error.retry_after_s == 1
+        assert interrupted == [job]
+    finally:
+        model.release.set()

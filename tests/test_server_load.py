@@ -222,3 +222,42 @@ def test_requests_whose_clients_left_are_dropped_before_their_forward(packages, 
     assert after["gone"] - before["gone"] == 6, (before, after)  # five requests and the bundle
     assert after["abandoned"] - before["abandoned"] >= 8 * 5, (before, after)  # at most one had started its forward
     assert after["forwards"] - before["forwards"] <= 3, (before, after)  # the first, the last, and at most one of them
+
+
+def test_a_forward_nobody_waits_for_stops_early(server):
+    """A request answered deadline_exceeded, or whose client leaves mid-forward, has nobody to read its answers: its
+    run stops (counted as interrupted questions) and the device goes to the requests still waiting. Before, a
+    64-question request of ~2,400 tokens a row kept the tiny package's forward busy for ~16 s past its deadline,
+    and the next request waited for it."""
+    questions = {f"q{i}": {"type": "noul", "instructions": f"Does it mention topic {i}?"} for i in range(64)}  # 8 passes
+
+    def body(label: str, **options) -> dict:  # a fresh state: the result cache must not answer it
+        return {"state": f"{label} {time.time_ns()} " + "word " * 1200, "questions": questions, **({"options": options} if options else {})}
+
+    def totals() -> tuple[float, float]:
+        page = server.request("GET", "/metrics").body.decode()
+        return metric_total(page, "vllm_sr_runtime_interrupted_questions_total"), metric_total(page, "vllm_sr_runtime_batch_rows_count")
+
+    def interrupted_by(expected: float) -> bool:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if totals()[0] >= expected:
+                return True
+            time.sleep(0.1)
+        return False
+
+    before, _ = totals()
+    reply = server.post(body("deadline", deadline_ms=3000), timeout=120)
+    assert reply.status == 200
+    assert {answer.get("error") for answer in reply.json()["answers"].values()} == {"deadline_exceeded"}
+    assert interrupted_by(before + 64), totals()
+
+    passes = totals()[1]
+    conn = server.connection(timeout=120)
+    conn.request("POST", "/v1/systemone", body=json.dumps(body("gone")), headers={"Content-Type": "application/json"})
+    deadline = time.monotonic() + 60
+    while totals()[1] == passes and time.monotonic() < deadline:  # its first pass is done: its run is in flight
+        time.sleep(0.05)
+    conn.close()
+    assert interrupted_by(before + 128), totals()
+    assert server.post({"state": STATE, "questions": {"a": {"type": "noul"}}}).status == 200

@@ -16,6 +16,9 @@ class Engine(Protocol):
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray: ...
 
     # Optional: `weight_bytes() -> int`, the bytes of the weights it holds (the model card and /metrics report it).
+    # Optional: `interruptible(interrupt) -> context manager`: while inside, a pass in flight ends early once the
+    # vllm_sr_runtime.interrupts.Interrupt is set (from another thread), raising Interrupted. Without it, passes run
+    # whole and the model only skips the ones still to come.
 
 
 class ModelSource(Protocol):

@@ -246,7 +246,9 @@ class Server:
         cache_hits = reanswered = 0
         if job is not None:
             finished = job.done.wait(max(0.0, call.deadline - time.monotonic()))
-            if job.abandoned and job.finished is None:
+            if not finished:
+                job.give_up()  # its run stops early if nobody else waits for it
+            if job.abandoned and (job.finished is None or job.interrupted):
                 raise ClientGone("the client closed its connection while its request waited for its answers")
             queue_s, forward_s = job.queue_seconds, job.forward_seconds
             if finished and job.error is not None:

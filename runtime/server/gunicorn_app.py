@@ -227,9 +227,10 @@ def _load_all(slots, settled_mark: Path) -> None:
 
 def end_native_work(slots, timeout: float) -> None:
     """Before a worker's interpreter finalizes. A thread still inside torch or ONNX Runtime then is ended under its C++
-    frames and the worker aborts ("terminate called without an active exception", SIGABRT): a request answered
-    deadline_exceeded leaves its forward running, and a SIGTERM may come mid-load. Each model's scheduler finishes
-    its forward and stops; a worker whose load still runs, or whose forward outlasts `timeout`, exits at once."""
+    frames and the worker aborts ("terminate called without an active exception", SIGABRT): a forward may still run
+    (a request past the graceful timeout, an engine plugin that cannot stop a pass), and a SIGTERM may come mid-load.
+    Each model's scheduler interrupts its run and stops; a worker whose load still runs, or whose forward outlasts
+    `timeout`, exits at once."""
     until = time.monotonic() + timeout
     running = {slot.name: slot.close(max(0.0, until - time.monotonic())) for slot in slots}
     unfinished = [f"model {name}: {what}" for name, what in running.items() if what]

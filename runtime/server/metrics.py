@@ -19,6 +19,9 @@ QUESTIONS = Counter(f"{PREFIX}_questions", "Questions answered, by type and outc
 INPUT_TOKENS = Counter(f"{PREFIX}_input_tokens", "Input tokens of answered questions", ["model", "profile"])
 DEADLINE_DROPPED = Counter(f"{PREFIX}_deadline_dropped_questions", "Questions dropped at their deadline", ["model", "profile"])
 ABANDONED = Counter(f"{PREFIX}_abandoned_questions", "Questions dropped before their forward: their client had closed the connection", ["model", "profile"])
+INTERRUPTED = Counter(
+    f"{PREFIX}_interrupted_questions", "Questions whose forward stopped early: their clients had left or their deadlines passed", ["model", "profile"]
+)
 REQUEST_SECONDS = Histogram(f"{PREFIX}_request_duration_seconds", "Request latency", ["endpoint"], buckets=LATENCY_BUCKETS)
 QUEUE_SECONDS = Histogram(f"{PREFIX}_queue_duration_seconds", "Time in the model queue", ["model", "profile"], buckets=LATENCY_BUCKETS)
 FORWARD_SECONDS = Histogram(f"{PREFIX}_forward_duration_seconds", "Device time per request", ["model", "profile"], buckets=LATENCY_BUCKETS)

@@ -3,7 +3,9 @@
 The queue is bounded (a full queue refuses at once with 429) and every job carries a deadline: a job
 whose deadline has passed when the worker picks it up is dropped, and a waiting request returns at its
 deadline whatever the device is doing, so a request never hangs. A job whose client went away is dropped
-the same way: nobody would read its answers.
+the same way: nobody would read its answers. Once nobody waits for any job of the run in flight (their clients left,
+their waiters returned at their deadlines), the run is interrupted: no further pass starts, and the engine ends the
+pass in flight where it can, so the device goes to the requests still waiting.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from vllm_sr_runtime.defaults import DEFAULT_BATCH_REQUESTS, DEFAULT_BATCH_TOKENS
-from vllm_sr_runtime.errors import Overloaded
+from vllm_sr_runtime.errors import NotReady, Overloaded
 from vllm_sr_runtime.families.base import Plan
+from vllm_sr_runtime.interrupts import Interrupt, Interrupted
 from vllm_sr_runtime.model import DecisionModel, Response
 
 
@@ -26,17 +29,35 @@ class Job:
     deadline: float  # time.monotonic() seconds
     mergeable: bool = False  # profile `batching`: may share passes with other queued requests
     abandoned: bool = False  # its client closed the connection while it waited
+    given_up: bool = False  # its waiter returned at its deadline without the answers
     enqueued: float = field(default_factory=time.monotonic)
     started: float | None = None
     finished: float | None = None
     response: Response | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)  # answered, failed, dropped, or abandoned
+    interrupted: bool = False  # its run stopped early: nobody waited for it any more
+    on_unwanted: Callable[[], None] | None = None  # set by the scheduler while its run is in flight
 
     def abandon(self) -> None:
-        """Its client has left: the scheduler drops it unless its forward has started, and its waiter wakes now."""
+        """Its client has left: the scheduler drops it (or stops its run), and its waiter wakes now."""
         self.abandoned = True
         self.done.set()
+        self._tell()
+
+    def give_up(self) -> None:
+        """Its waiter answered at the deadline without it: its run, if in flight, may stop."""
+        self.given_up = True
+        self._tell()
+
+    @property
+    def wanted(self) -> bool:
+        return not (self.abandoned or self.given_up)
+
+    def _tell(self) -> None:
+        hook = self.on_unwanted
+        if hook is not None:
+            hook()
 
     @property
     def queue_seconds(self) -> float:
@@ -61,6 +82,7 @@ class Scheduler:
         on_batch: Callable[[Any], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
         on_drop: Callable[[Job], None] | None = None,
+        on_interrupted: Callable[[Job], None] | None = None,
     ):
         self.model = model
         self.batch_window = batch_window_ms / 1000
@@ -70,7 +92,9 @@ class Scheduler:
         self.on_batch = on_batch
         self.on_depth = on_depth or (lambda depth: None)
         self.on_drop = on_drop or (lambda job: None)
+        self.on_interrupted = on_interrupted or (lambda job: None)
         self.stopped = False
+        self.running: Interrupt | None = None  # the interrupt of the run in flight
         self.thread = threading.Thread(target=self._run, name=f"scheduler-{model.name}", daemon=True)
         self.thread.start()
 
@@ -133,12 +157,39 @@ class Scheduler:
         job.done.set()
         return True
 
+    def _interrupt_when_unwanted(self, jobs: list[Job]) -> Interrupt:
+        """The run's interrupt, set once no job of it is wanted any more (or the scheduler stops)."""
+        interrupt = Interrupt()
+
+        def look() -> None:
+            if self.stopped or not any(job.wanted for job in jobs):
+                interrupt.set()
+
+        for job in jobs:
+            job.on_unwanted = look
+        self.running = interrupt
+        look()  # one that went (or a stop that came) before its hook was in place
+        return interrupt
+
+    def _interrupted(self, jobs: list[Job], exc: Exception) -> None:
+        finished = time.monotonic()
+        if self.stopped:  # a request still waiting (past the graceful timeout) is told to go to another worker
+            exc = NotReady(f"the worker serving model {self.model.name} is exiting; retry", retry_after_s=1)
+        for job in jobs:
+            job.error, job.interrupted, job.finished = exc, True, finished
+            self.on_interrupted(job)
+            job.done.set()
+
     def _run_alone(self, job: Job) -> None:
         job.started = time.monotonic()
         try:
-            job.response = self.model.execute(job.plan, on_batch=self.on_batch)
+            job.response = self.model.execute(job.plan, on_batch=self.on_batch, interrupt=self._interrupt_when_unwanted([job]))
+        except Interrupted as exc:
+            return self._interrupted([job], exc)
         except BaseException as exc:  # reported to the waiting request, never kills the thread
             job.error = exc
+        finally:
+            job.on_unwanted, self.running = None, None
         job.finished = time.monotonic()
         job.done.set()
 
@@ -147,26 +198,36 @@ class Scheduler:
         for job in jobs:
             job.started = started
         try:
-            responses = self.model.execute_many([job.plan for job in jobs], self.max_batch_tokens, on_batch=self.on_batch)
+            responses = self.model.execute_many([job.plan for job in jobs], self.max_batch_tokens, on_batch=self.on_batch, interrupt=self._interrupt_when_unwanted(jobs))
+        except Interrupted as exc:
+            return self._interrupted(jobs, exc)
         except BaseException:
             for job in jobs:  # one request's failure must not fail the others: retry each alone
                 self._run_alone(job)
             return
+        finally:
+            self.running = None
+            for job in jobs:
+                job.on_unwanted = None
         finished = time.monotonic()
         for job, response in zip(jobs, responses):
             job.response, job.finished = response, finished
             job.done.set()
 
     def stop(self) -> None:
-        """Takes no more work: a forward running ends, what is queued is dropped."""
+        """Takes no more work: the run in flight is interrupted (its requests were answered or left: the worker
+        exits after its requests), what is queued is dropped."""
         self.stopped = True
+        if (running := self.running) is not None:
+            running.set()
         try:
             self.queue.put_nowait(None)  # wakes an idle thread
         except queue.Full:
             pass  # a busy one sees `stopped` after its forward
 
     def close(self, timeout: float) -> bool:
-        """Stops, and waits up to `timeout` seconds for a running forward to end; whether the thread has ended."""
+        """Stops, and waits up to `timeout` seconds for a running forward to end (an engine that cannot stop its pass
+        in flight finishes it); whether the thread has ended."""
         self.stop()
         self.thread.join(timeout)
         return not self.thread.is_alive()

@@ -118,6 +118,7 @@ class ModelSlot:
             on_batch=lambda batch: self.observe_batch(batch, labels),
             on_depth=lambda depth: metrics.QUEUE_DEPTH.labels(model=self.name).set(depth),
             on_drop=lambda job: (metrics.ABANDONED if job.abandoned else metrics.DEADLINE_DROPPED).labels(**labels).inc(len(job.plan.questions)),
+            on_interrupted=lambda job: metrics.INTERRUPTED.labels(**labels).inc(len(job.plan.questions)),
         )
         self.model = model
         card = model.card()
@@ -142,8 +143,8 @@ class ModelSlot:
             metrics.SHARED_PREFIX_TOKENS.labels(model=self.name).inc(prefix * (len(batch.items) - 1))
 
     def close(self, timeout: float) -> str | None:
-        """As the worker exits: stops the scheduler, waiting up to `timeout` for a forward still running (a request
-        past its deadline leaves one); what of this model may still run in torch or ONNX Runtime (None: nothing)."""
+        """As the worker exits: stops the scheduler (interrupting its run in flight), waiting up to `timeout` for the
+        forward to end; what of this model may still run in torch or ONNX Runtime (None: nothing)."""
         if self.state in ("loading", "warming"):
             return f"its load ({self.state})"  # a load cannot be stopped
         if self.scheduler is not None and not self.scheduler.close(timeout):

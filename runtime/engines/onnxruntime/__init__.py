@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 
 from vllm_sr_runtime.cpu_threads import cpu_threads
 from vllm_sr_runtime.engines.onnxruntime.providers import provider_start_error, select_provider
 from vllm_sr_runtime.errors import ArtifactError, UnsupportedDeviceError
+from vllm_sr_runtime.interrupts import Interruptible
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def session_options(device_kind: str):
     return options
 
 
-class OrtEngine:
+class OrtEngine(Interruptible):
     name = "onnxruntime"
     golden: dict | None = None
 
@@ -125,18 +126,35 @@ class OrtEngine:
         files = set(self.graph_files) | {path.with_name(path.name + ".data") for path in self.graph_files}
         return sum(path.stat().st_size for path in files if path.is_file())
 
+    def _stoppable(self, run: Callable[[Any], np.ndarray]) -> np.ndarray:
+        """run(run_options) under this pass's interrupt: its session runs read a RunOptions whose terminate flag the
+        interrupt raises."""
+        interrupt = self.interrupt
+        if interrupt is None:
+            return run(None)
+        import onnxruntime as ort
+
+        options = ort.RunOptions()
+        options.log_severity_level = 4  # a terminated run logs an error per node it unwinds; Interrupted says it once
+        with interrupt.calls(lambda: setattr(options, "terminate", True)):
+            try:
+                return run(options)
+            except Exception:
+                interrupt.check()  # once set, ORT's own Fail ("terminate flag being set") means Interrupted
+                raise
+
     def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return _run(self.session, self.output_name, inputs, self.buffers)
+        return self._stoppable(lambda options: _run(self.session, self.output_name, inputs, self.buffers, options))
 
     def forward_media(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         if self.media is None:
             raise ArtifactError("this artifact has no vision graph; re-export it from a package with a vision tower")
-        return self.media.forward(inputs)
+        return self._stoppable(lambda options: self.media.forward(inputs, options))
 
     def forward_shared(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         if self.shared_session is None:
             raise ArtifactError("this artifact has no shared_context graph; re-export it with --shared-context")
-        return _run(self.shared_session, self.output_name, inputs, self.buffers)
+        return self._stoppable(lambda options: _run(self.shared_session, self.output_name, inputs, self.buffers, options))
 
 
 def open_session(
@@ -220,11 +238,11 @@ def _looks_like_provider_failure(message: str) -> bool:
     return any(word in lowered for word in ("cuda", "cudnn", "cublas", "hip", "migraphx", "rocm", "libcu", "provider"))
 
 
-def _run(session, output_name: str, inputs: dict[str, np.ndarray], buffers=None) -> np.ndarray:
+def _run(session, output_name: str, inputs: dict[str, np.ndarray], buffers=None, run_options=None) -> np.ndarray:
     feed = {value.name: np.ascontiguousarray(inputs[value.name]) for value in session.get_inputs()}
     resolve = getattr(session, "resolve", None)
     if resolve is not None:  # static-length graphs: the padded rows and the graph that takes them
         session, feed = resolve(feed)
     if buffers is not None:
-        return buffers.run(session, output_name, feed).astype(np.float32, copy=False)
-    return session.run([output_name], feed)[0].astype(np.float32, copy=False)
+        return buffers.run(session, output_name, feed, run_options).astype(np.float32, copy=False)
+    return session.run([output_name], feed, run_options)[0].astype(np.float32, copy=False)

@@ -35,11 +35,11 @@ class DeviceBuffers:
             self._buffers.move_to_end(key)
         return value
 
-    def run(self, session, output_name: str, feed: dict[str, np.ndarray]) -> np.ndarray:
+    def run(self, session, output_name: str, feed: dict[str, np.ndarray], run_options=None) -> np.ndarray:
         with self._lock:
             binding = session.io_binding()
             for name, array in feed.items():
                 binding.bind_ortvalue_input(name, self._buffer(name, np.ascontiguousarray(array)))
             binding.bind_output(output_name, self.device_type, self.device_index)
-            session.run_with_iobinding(binding)
+            session.run_with_iobinding(binding, run_options)
             return binding.copy_outputs_to_cpu()[0]

@@ -20,17 +20,17 @@ class MediaGraphs:
         self.hidden_size = int(features.shape[-1])
         self.memo = FeatureMemo(modalities)
 
-    def features(self, pixel_values: np.ndarray, grid_thw: np.ndarray) -> np.ndarray:
+    def features(self, pixel_values: np.ndarray, grid_thw: np.ndarray, run_options=None) -> np.ndarray:
         """The vision tower's output for one modality, in transformers' order [merged tokens, hidden]."""
         groups = segment_groups(pixel_values, grid_thw, self.layout)
-        outputs = [self.vision.run([self.vision_output], group.inputs)[0] for group in groups]
+        outputs = [self.vision.run([self.vision_output], group.inputs, run_options)[0] for group in groups]
         return assemble(groups, outputs, grid_thw, self.layout.spatial_merge_size**2)
 
-    def forward(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    def forward(self, inputs: dict[str, np.ndarray], run_options=None) -> np.ndarray:
         feed = self.memo.features(
-            inputs, lambda pixels, grid: self.features(inputs[pixels], inputs[grid]), lambda: np.zeros((0, self.hidden_size), dtype=np.float32)
+            inputs, lambda pixels, grid: self.features(inputs[pixels], inputs[grid], run_options), lambda: np.zeros((0, self.hidden_size), dtype=np.float32)
         )
         for value in self.text.get_inputs():
             if value.name not in feed:
                 feed[value.name] = np.ascontiguousarray(inputs[value.name])
-        return self.text.run([self.output_name], feed)[0].astype(np.float32, copy=False)
+        return self.text.run([self.output_name], feed, run_options)[0].astype(np.float32, copy=False)

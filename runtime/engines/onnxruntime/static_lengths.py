@@ -70,6 +70,6 @@ class StaticLengthSessions:
         length = self.length_for(tokens)
         return self.session(length), self.pad(feed, length)
 
-    def run(self, output_names: list[str], feed: dict[str, np.ndarray]):
+    def run(self, output_names: list[str], feed: dict[str, np.ndarray], run_options=None):
         session, padded = self.resolve(feed)
-        return session.run(output_names, padded)
+        return session.run(output_names, padded, run_options)

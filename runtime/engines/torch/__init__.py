@@ -7,9 +7,10 @@ import torch
 
 from vllm_sr_runtime.engines import ModelSource
 from vllm_sr_runtime.engines.feature_memo import FeatureMemo, Modalities, vision_inputs
+from vllm_sr_runtime.interrupts import Interruptible
 
 
-class TorchEngine:
+class TorchEngine(Interruptible):
     name = "torch"
     golden: dict | None = None  # eager PyTorch is the reference: nothing recorded to replay
 
@@ -23,6 +24,13 @@ class TorchEngine:
         self.shared_input_names = shared_input_names
         self.media_modalities = media_modalities  # empty: the module reads no media
         self.memo = FeatureMemo(media_modalities)  # vision features of the request being answered
+        for stack in (child for child in module.modules() if isinstance(child, torch.nn.ModuleList)):
+            for layer in stack:  # decoder layers, vision blocks: an interrupted pass ends before the next one
+                layer.register_forward_pre_hook(self._stop_if_interrupted)
+
+    def _stop_if_interrupted(self, *_: object) -> None:
+        if self.interrupt is not None:
+            self.interrupt.check()
 
     def _tensors(self, inputs: dict[str, np.ndarray], names: tuple[str, ...]) -> dict[str, torch.Tensor]:
         return {name: torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self.device) for name in names}

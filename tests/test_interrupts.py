@@ -1,0 +1,88 @@
+"""A run nobody waits for any more stops early on the real engines: no further pass starts, the torch engine stops
+before its next layer, ONNX Runtime's pass ends on its terminate flag; the engine answers the next run as before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import vllm_sr_runtime
+from vllm_sr_runtime.interrupts import Interrupt, Interrupted
+from vllm_sr_runtime.model import DecisionModel
+
+STATE = "Merge two sorted lists, then count the words of every line."
+QUESTIONS = {f"q{i}": {"type": "noul", "instructions": f"Does it mention topic {i}?"} for i in range(12)}  # two passes of d3
+
+
+def probabilities(answers: dict) -> list[float]:
+    return [answer["noul"] for answer in answers.values()]
+
+
+class PassesWhole:
+    """An engine that cannot stop a pass in flight (no `interruptible`), as a plugin's may be."""
+
+    name = "passes-whole"
+    golden = None
+
+    def __init__(self, engine):
+        self.engine, self.passes = engine, 0
+
+    def forward(self, inputs):
+        self.passes += 1
+        return self.engine.forward(inputs)
+
+
+def test_no_pass_starts_once_the_run_is_interrupted(models):
+    reference = models("d3")
+    engine = PassesWhole(reference.engine)
+    model = DecisionModel(reference.family, engine, "exact", reference.device, reference.dtype)
+    plan = model.plan(STATE, QUESTIONS)
+    assert len(plan.batches) == 2
+    interrupt, passes = Interrupt(), []
+
+    def after_pass(batch) -> None:
+        passes.append(batch)
+        interrupt.set()  # the client left during the first pass
+
+    with pytest.raises(Interrupted):
+        model.execute(plan, on_batch=after_pass, interrupt=interrupt)
+    assert len(passes) == 1 and engine.passes == 1
+
+
+def test_the_torch_engine_stops_before_its_next_layer_and_then_answers_as_before(models):
+    model = models("d3")
+    expected = probabilities(model.ask(STATE, QUESTIONS))
+    layers = [layer for stack in model.engine.module.modules() if isinstance(stack, torch.nn.ModuleList) for layer in stack]
+    assert len(layers) >= 2
+    ran, interrupt = [], Interrupt()
+    hooks = [layer.register_forward_hook(lambda module, args, output: ran.append(module)) for layer in layers]
+    hooks.append(layers[0].register_forward_hook(lambda *_: interrupt.set()))  # set while the first layer's pass is in flight
+    try:
+        with pytest.raises(Interrupted):
+            model.execute(model.plan(STATE, QUESTIONS), interrupt=interrupt)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert ran == [layers[0]]
+    assert model.engine.interrupt is None
+    assert probabilities(model.ask(STATE, QUESTIONS)) == expected
+
+
+@pytest.fixture(scope="module")
+def max_speed(packages, default_artifact):
+    return vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=default_artifact("d3"))
+
+
+def test_onnx_runtime_ends_its_pass_on_the_terminate_flag_and_then_answers_as_before(max_speed):
+    engine = max_speed.engine
+    batch = max_speed.plan(STATE, QUESTIONS).batches[0]
+    expected = engine.forward(batch.inputs)
+    interrupt = Interrupt()
+    interrupt.set()
+    with engine.interruptible(interrupt), pytest.raises(Interrupted):  # the model's check is passed by: the session's run must stop
+        engine.forward(batch.inputs)
+    assert engine.interrupt is None
+    np.testing.assert_array_equal(engine.forward(batch.inputs), expected)
+    with engine.interruptible(Interrupt()):  # an interrupt never set changes nothing
+        np.testing.assert_array_equal(engine.forward(batch.inputs), expected)

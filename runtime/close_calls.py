@@ -71,8 +71,11 @@ class CloseCallCheck:
         distribution = answer_distribution(answer)
         return distribution is not None and top_margin(distribution) < self.margin
 
-    def confirm(self, family: Family, batch: Batch, answered: list[tuple[Any, dict]], answer: Callable[[Any, np.ndarray], dict]) -> list[tuple[Any, dict, bool]]:
-        """(item, answer, answered by the reference) for every row of a pass the fast engine answered.
+    def confirm(
+        self, family: Family, batch: Batch, answered: list[tuple[Any, dict]], answer: Callable[[Any, np.ndarray], dict], interrupt: Interrupt | None = None
+    ) -> list[tuple[Any, dict, bool]]:  # fmt: skip
+        """(item, answer, answered by the reference) for every row of a pass the fast engine answered (the reference's
+        passes stop as the run's do once `interrupt` is set).
 
         Close rows are packed into full-prompt passes of their own (rows of a shared-prefix pass too: the reference
         reads each whole prompt); a media pass (one request's rows with its images or videos) is run again whole and
@@ -82,12 +85,12 @@ class CloseCallCheck:
             return [(item, given, False) for item, given in answered]
         again: dict[int, dict] = {}
         if batch.media:
-            rows = engine_outputs(self.reference, batch)
+            rows = engine_outputs(self.reference, batch, interrupt)
             again = {index: answer(answered[index][0], rows[index]) for index in close}
         else:
             position = {id(answered[index][0]): index for index in close}
             for sub in family.pack([answered[index][0] for index in close], self.budget_tokens):
-                for item, row in zip(sub.items, engine_outputs(self.reference, sub)):
+                for item, row in zip(sub.items, engine_outputs(self.reference, sub, interrupt)):
                     again[position[id(item)]] = answer(item, row)
         return [(item, again.get(index, given), index in again) for index, (item, given) in enumerate(answered)]
 

@@ -164,7 +164,7 @@ class DecisionModel:
         answered = [(item, self._answer(item, row)) for item, row in zip(batch.items, outputs)]
         confirmed = [(item, answer, False) for item, answer in answered]
         if self.close_calls is not None:
-            confirmed = self.close_calls.confirm(self.family, batch, answered, self._answer)
+            confirmed = self.close_calls.confirm(self.family, batch, answered, self._answer, interrupt)
             self.reanswered_questions += sum(by_reference for _, _, by_reference in confirmed)
         self.answered_questions += len(confirmed)
         if on_batch is not None:

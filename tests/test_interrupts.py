@@ -50,6 +50,24 @@ def test_no_pass_starts_once_the_run_is_interrupted(models):
     assert len(passes) == 1 and engine.passes == 1
 
 
+def test_the_reference_does_not_answer_close_calls_again_once_the_run_is_interrupted(models):
+    reference_model = models("d3")
+    interrupt = Interrupt()
+
+    class SetsInterrupt(PassesWhole):
+        def forward(self, inputs):
+            outputs = super().forward(inputs)
+            interrupt.set()  # the client left during the fast engine's pass
+            return outputs
+
+    fast, reference = SetsInterrupt(reference_model.engine), PassesWhole(reference_model.engine)
+    model = DecisionModel(reference_model.family, fast, "batching", reference_model.device, reference_model.dtype)
+    model.confirm_close_calls(1.0, reference, "fp32")  # every answer is a close call
+    with pytest.raises(Interrupted):
+        model.execute(model.plan(STATE, QUESTIONS), interrupt=interrupt)
+    assert fast.passes == 1 and reference.passes == 0
+
+
 def test_the_torch_engine_stops_before_its_next_layer_and_then_answers_as_before(models):
     model = models("d3")
     expected = probabilities(model.ask(STATE, QUESTIONS))

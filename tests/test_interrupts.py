@@ -1,5 +1,6 @@
 """A run nobody waits for any more stops early on the real engines: no further pass starts, the torch engine stops
-before its next layer, ONNX Runtime's pass ends on its terminate flag; the engine answers the next run as before."""
+before the next module it calls, ONNX Runtime's pass ends on its terminate flag; the engine answers the next run as
+before."""
 
 from __future__ import annotations
 
@@ -68,21 +69,26 @@ def test_the_reference_does_not_answer_close_calls_again_once_the_run_is_interru
     assert fast.passes == 1 and reference.passes == 0
 
 
-def test_the_torch_engine_stops_before_its_next_layer_and_then_answers_as_before(models):
+def test_the_torch_engine_stops_before_the_next_module_it_calls_and_then_answers_as_before(models):
     model = models("d3")
     expected = probabilities(model.ask(STATE, QUESTIONS))
-    layers = [layer for stack in model.engine.module.modules() if isinstance(stack, torch.nn.ModuleList) for layer in stack]
-    assert len(layers) >= 2
-    ran, interrupt = [], Interrupt()
-    hooks = [layer.register_forward_hook(lambda module, args, output: ran.append(module)) for layer in layers]
-    hooks.append(layers[0].register_forward_hook(lambda *_: interrupt.set()))  # set while the first layer's pass is in flight
+    first_layer = next(layer for stack in model.engine.module.modules() if isinstance(stack, torch.nn.ModuleList) for layer in stack)
+    called: list[torch.nn.Module] = []  # the order the first layer calls its modules in (not the order they are declared)
+    hooks = [child.register_forward_pre_hook(lambda module, args: called.append(module)) for child in first_layer.modules()]
+    model.ask(STATE, {"q": QUESTIONS["q0"]})
+    for hook in hooks:
+        hook.remove()
+    projection = next(child for child in called if isinstance(child, torch.nn.Linear))
+    finished, interrupt = [], Interrupt()
+    hooks = [child.register_forward_hook(lambda module, args, output: finished.append(module)) for child in model.engine.module.modules()]
+    hooks.append(projection.register_forward_hook(lambda *_: interrupt.set()))  # set mid-layer, as the pass runs
     try:
         with pytest.raises(Interrupted):
             model.execute(model.plan(STATE, QUESTIONS), interrupt=interrupt)
     finally:
         for hook in hooks:
             hook.remove()
-    assert ran == [layers[0]]
+    assert finished[-1] is projection and first_layer not in finished  # nothing ran after it, not even the rest of its layer
     assert model.engine.interrupt is None
     assert probabilities(model.ask(STATE, QUESTIONS)) == expected
 

@@ -66,9 +66,10 @@ def run_scratch(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def default_artifact(packages, tmp_path_factory):
-    """`default_artifact(name)`: the default export (contrib, fp32, smoke parity) of a test package, made once per run
-    and shared by the workers (a trace takes 20-50 s; packages are deterministic, so every worker's copy of a package
-    has the same model_sha256). Read it; copy it before changing it."""
+    """`default_artifact(name)`: the default export (contrib, fp32, smoke parity) of a test package, with its
+    shared_context graph, made once per run and shared by the workers (a trace takes 20-50 s; packages are
+    deterministic, so every worker's copy of a package has the same model_sha256). Read it; copy it before changing
+    it."""
     from filelock import FileLock
 
     from vllm_sr_runtime.export.exporter import export_package
@@ -80,7 +81,7 @@ def default_artifact(packages, tmp_path_factory):
         out = root / name
         with FileLock(str(root / f"{name}.lock")):
             if not (out / "artifact.json").exists():
-                export_package(packages[name], out, progress=False, **load_kwargs(name, packages[name]))
+                export_package(packages[name], out, progress=False, shared_context=True, **load_kwargs(name, packages[name]))
         return out
 
     return get

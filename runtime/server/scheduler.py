@@ -198,7 +198,8 @@ class Scheduler:
         for job in jobs:
             job.started = started
         try:
-            responses = self.model.execute_many([job.plan for job in jobs], self.max_batch_tokens, on_batch=self.on_batch, interrupt=self._interrupt_when_unwanted(jobs))
+            interrupt = self._interrupt_when_unwanted(jobs)
+            responses = self.model.execute_many([job.plan for job in jobs], self.max_batch_tokens, on_batch=self.on_batch, interrupt=interrupt)
         except Interrupted as exc:
             return self._interrupted(jobs, exc)
         except BaseException:

@@ -1,6 +1,6 @@
 """Stopping a run that nobody waits for any more (its client left, its deadline passed): the model runs none of its
 passes still to come, and an engine that can ends the pass in flight early (ONNX Runtime's terminate flag, a check
-before each torch layer)."""
+before each module a torch pass calls)."""
 
 from __future__ import annotations
 

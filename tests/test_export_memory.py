@@ -43,9 +43,8 @@ def kai_packages(tmp_path_factory) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_trace_and_write_memory_does_not_follow_depth(kai_packages, tmp_path, dtype):
-    packages = kai_packages
     extra = (DEEP - SHALLOW) * layer_parameters(1024, 3072, 16, 8, 128) * 4
     assert extra > 300 * 2**20
-    peaks = {layers: trace_and_write_peak(packages[layers], tmp_path / f"artifact-{layers}", dtype) for layers in (SHALLOW, DEEP)}
+    peaks = {layers: trace_and_write_peak(kai_packages[layers], tmp_path / f"artifact-{layers}", dtype) for layers in (SHALLOW, DEEP)}
     grown = peaks[DEEP] - peaks[SHALLOW]
     assert grown < extra / 2, f"{dtype}: trace+write peak grew by {grown / 2**20:.0f} MiB for {extra / 2**20:.0f} MiB of extra weights"

@@ -13,8 +13,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from vllm_sr_runtime.defaults import DEFAULT_BATCH_REQUESTS, DEFAULT_BATCH_TOKENS
 from vllm_sr_runtime.errors import NotReady, Overloaded
@@ -157,8 +158,10 @@ class Scheduler:
         job.done.set()
         return True
 
-    def _interrupt_when_unwanted(self, jobs: list[Job]) -> Interrupt:
-        """The run's interrupt, set once no job of it is wanted any more (or the scheduler stops)."""
+    @contextmanager
+    def _watched(self, jobs: list[Job]) -> Iterator[Interrupt]:
+        """The run's interrupt while inside, set once no job of it is wanted any more (or the scheduler stops); the
+        hooks are cleared as the run ends, so a finished run's plans are not kept."""
         interrupt = Interrupt()
 
         def look() -> None:
@@ -168,8 +171,13 @@ class Scheduler:
         for job in jobs:
             job.on_unwanted = look
         self.running = interrupt
-        look()  # one that went (or a stop that came) before its hook was in place
-        return interrupt
+        try:
+            look()  # one that went (or a stop that came) before its hook was in place
+            yield interrupt
+        finally:
+            self.running = None
+            for job in jobs:
+                job.on_unwanted = None
 
     def _interrupted(self, jobs: list[Job], exc: Exception) -> None:
         finished = time.monotonic()
@@ -183,13 +191,12 @@ class Scheduler:
     def _run_alone(self, job: Job) -> None:
         job.started = time.monotonic()
         try:
-            job.response = self.model.execute(job.plan, on_batch=self.on_batch, interrupt=self._interrupt_when_unwanted([job]))
+            with self._watched([job]) as interrupt:
+                job.response = self.model.execute(job.plan, on_batch=self.on_batch, interrupt=interrupt)
         except Interrupted as exc:
             return self._interrupted([job], exc)
         except BaseException as exc:  # reported to the waiting request, never kills the thread
             job.error = exc
-        finally:
-            job.on_unwanted, self.running = None, None
         job.finished = time.monotonic()
         job.done.set()
 
@@ -198,18 +205,14 @@ class Scheduler:
         for job in jobs:
             job.started = started
         try:
-            interrupt = self._interrupt_when_unwanted(jobs)
-            responses = self.model.execute_many([job.plan for job in jobs], self.max_batch_tokens, on_batch=self.on_batch, interrupt=interrupt)
+            with self._watched(jobs) as interrupt:
+                responses = self.model.execute_many([job.plan for job in jobs], self.max_batch_tokens, on_batch=self.on_batch, interrupt=interrupt)
         except Interrupted as exc:
             return self._interrupted(jobs, exc)
         except BaseException:
             for job in jobs:  # one request's failure must not fail the others: retry each alone
                 self._run_alone(job)
             return
-        finally:
-            self.running = None
-            for job in jobs:
-                job.on_unwanted = None
         finished = time.monotonic()
         for job, response in zip(jobs, responses):
             job.response, job.finished = response, finished

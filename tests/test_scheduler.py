@@ -96,6 +96,8 @@ class StoppableModel:
         self.started.set()
         while not self.release.wait(0.01):
             interrupt.check()
+        if "fail" in plans:
+            raise ValueError("a failing forward")
         return list(plans)
 
 
@@ -122,6 +124,33 @@ def test_a_run_is_interrupted_once_nobody_waits_for_any_of_its_requests():
         last = scheduler.submit("last", deadline)
         assert last.done.wait(30) and last.response == "last" and not last.interrupted  # the device went on
         assert all(job.on_unwanted is None for job in [alone, *merged, last])
+    finally:
+        model.release.set()
+        scheduler.stop()
+
+
+def test_each_run_reports_its_device_time_once_with_how_it_ended():
+    """The device's busy time: an interrupted run counts what it spent, a merged run counts once."""
+    model, runs = StoppableModel(), []
+    scheduler = Scheduler(model, max_queue=8, batch_window_ms=50, on_run=lambda seconds, outcome: runs.append((seconds, outcome)))
+    deadline = time.monotonic() + 60
+    try:
+        cut = scheduler.submit("cut", deadline)
+        assert model.started.wait(30)
+        time.sleep(0.3)
+        cut.give_up()
+        assert cut.done.wait(30) and cut.interrupted
+        held = scheduler.submit("held", deadline)
+        model.started.clear()
+        assert model.started.wait(30)
+        merged = [scheduler.submit(f"merged{i}", deadline, mergeable=True) for i in range(3)]
+        time.sleep(0.2)
+        model.release.set()
+        assert all(job.done.wait(30) and job.response == job.plan for job in [held, *merged])
+        failed = scheduler.submit("fail", deadline)
+        assert failed.done.wait(30) and isinstance(failed.error, ValueError)
+        assert [outcome for _, outcome in runs] == ["interrupted", "answered", "answered", "failed"]
+        assert runs[0][0] >= 0.3 and runs[1][0] >= 0.2  # the cut run's time, the held run's until released
     finally:
         model.release.set()
         scheduler.stop()

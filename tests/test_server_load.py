@@ -238,6 +238,9 @@ def test_a_forward_nobody_waits_for_stops_early(server):
         page = server.request("GET", "/metrics").body.decode()
         return metric_total(page, "vllm_sr_runtime_interrupted_questions_total"), metric_total(page, "vllm_sr_runtime_batch_rows_count")
 
+    def device_seconds(outcome: str) -> float:
+        return metric_total(server.request("GET", "/metrics").body.decode(), "vllm_sr_runtime_device_seconds_total", outcome=outcome)
+
     def interrupted_by(expected: float) -> bool:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -247,10 +250,12 @@ def test_a_forward_nobody_waits_for_stops_early(server):
         return False
 
     before, _ = totals()
+    cut_seconds = device_seconds("interrupted")
     reply = server.post(body("deadline", deadline_ms=3000), timeout=120)
     assert reply.status == 200
     assert {answer.get("error") for answer in reply.json()["answers"].values()} == {"deadline_exceeded"}
     assert interrupted_by(before + 64), totals()
+    assert device_seconds("interrupted") - cut_seconds >= 2.0  # the device time the run spent until its deadline
 
     passes = totals()[1]
     conn = server.connection(timeout=120)
@@ -260,4 +265,6 @@ def test_a_forward_nobody_waits_for_stops_early(server):
         time.sleep(0.05)
     conn.close()
     assert interrupted_by(before + 128), totals()
-    assert server.post({"state": STATE, "questions": {"a": {"type": "noul"}}}).status == 200
+    answered_seconds = device_seconds("answered")
+    assert server.post({"state": f"{time.time_ns()} {STATE}", "questions": {"a": {"type": "noul"}}}).status == 200
+    assert device_seconds("answered") > answered_seconds

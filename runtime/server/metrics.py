@@ -22,6 +22,12 @@ ABANDONED = Counter(f"{PREFIX}_abandoned_questions", "Questions dropped before t
 INTERRUPTED = Counter(
     f"{PREFIX}_interrupted_questions", "Questions whose forward stopped early: their clients had left or their deadlines passed", ["model", "profile"]
 )
+DEVICE_SECONDS = Counter(
+    f"{PREFIX}_device_seconds",
+    "Device time of the model's runs (a run: one request's passes, or several requests' merged), by how the run ended: "
+    "answered, interrupted (nobody waited for it any more) or failed; its rate is the device's busy share",
+    ["model", "profile", "outcome"],
+)
 REQUEST_SECONDS = Histogram(f"{PREFIX}_request_duration_seconds", "Request latency", ["endpoint"], buckets=LATENCY_BUCKETS)
 QUEUE_SECONDS = Histogram(f"{PREFIX}_queue_duration_seconds", "Time in the model queue", ["model", "profile"], buckets=LATENCY_BUCKETS)
 FORWARD_SECONDS = Histogram(f"{PREFIX}_forward_duration_seconds", "Device time per request", ["model", "profile"], buckets=LATENCY_BUCKETS)

@@ -84,6 +84,7 @@ class Scheduler:
         on_depth: Callable[[int], None] | None = None,
         on_drop: Callable[[Job], None] | None = None,
         on_interrupted: Callable[[Job], None] | None = None,
+        on_run: Callable[[float, str], None] | None = None,
     ):
         self.model = model
         self.batch_window = batch_window_ms / 1000
@@ -94,6 +95,7 @@ class Scheduler:
         self.on_depth = on_depth or (lambda depth: None)
         self.on_drop = on_drop or (lambda job: None)
         self.on_interrupted = on_interrupted or (lambda job: None)
+        self.on_run = on_run or (lambda seconds, outcome: None)  # each run's device seconds and how it ended
         self.stopped = False
         self.running: Interrupt | None = None  # the interrupt of the run in flight
         self.thread = threading.Thread(target=self._run, name=f"scheduler-{model.name}", daemon=True)
@@ -161,7 +163,8 @@ class Scheduler:
     @contextmanager
     def _watched(self, jobs: list[Job]) -> Iterator[Interrupt]:
         """The run's interrupt while inside, set once no job of it is wanted any more (or the scheduler stops); the
-        hooks are cleared as the run ends, so a finished run's plans are not kept."""
+        hooks are cleared as the run ends, so a finished run's plans are not kept. The run's device time is reported
+        with how it ended (answered, interrupted, failed), whoever still waited for it."""
         interrupt = Interrupt()
 
         def look() -> None:
@@ -171,13 +174,19 @@ class Scheduler:
         for job in jobs:
             job.on_unwanted = look
         self.running = interrupt
+        started, outcome = time.monotonic(), "failed"
         try:
             look()  # one that went (or a stop that came) before its hook was in place
             yield interrupt
+            outcome = "answered"
+        except Interrupted:
+            outcome = "interrupted"
+            raise
         finally:
             self.running = None
             for job in jobs:
                 job.on_unwanted = None
+            self.on_run(time.monotonic() - started, outcome)
 
     def _interrupted(self, jobs: list[Job], exc: Exception) -> None:
         finished = time.monotonic()

@@ -119,6 +119,7 @@ class ModelSlot:
             on_depth=lambda depth: metrics.QUEUE_DEPTH.labels(model=self.name).set(depth),
             on_drop=lambda job: (metrics.ABANDONED if job.abandoned else metrics.DEADLINE_DROPPED).labels(**labels).inc(len(job.plan.questions)),
             on_interrupted=lambda job: metrics.INTERRUPTED.labels(**labels).inc(len(job.plan.questions)),
+            on_run=lambda seconds, outcome: metrics.DEVICE_SECONDS.labels(**labels, outcome=outcome).inc(seconds),
         )
         self.model = model
         card = model.card()

@@ -98,8 +98,14 @@ def max_speed(packages, default_artifact):
     return vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=default_artifact("d3"))
 
 
-def test_onnx_runtime_ends_its_pass_on_the_terminate_flag_and_then_answers_as_before(max_speed):
+@pytest.mark.parametrize("binding", ["run", "io_binding"])
+def test_onnx_runtime_ends_its_pass_on_the_terminate_flag_and_then_answers_as_before(max_speed, binding, monkeypatch):
+    """`io_binding`: the path the engine takes on CUDA (kept device buffers), here with CPU buffers."""
+    from vllm_sr_runtime.engines.onnxruntime.io_binding import DeviceBuffers
+
     engine = max_speed.engine
+    if binding == "io_binding":
+        monkeypatch.setattr(engine, "buffers", DeviceBuffers("cpu", 0))
     batch = max_speed.plan(STATE, QUESTIONS).batches[0]
     expected = engine.forward(batch.inputs)
     interrupt = Interrupt()
@@ -110,3 +116,4 @@ def test_onnx_runtime_ends_its_pass_on_the_terminate_flag_and_then_answers_as_be
     np.testing.assert_array_equal(engine.forward(batch.inputs), expected)
     with engine.interruptible(Interrupt()):  # an interrupt never set changes nothing
         np.testing.assert_array_equal(engine.forward(batch.inputs), expected)
+    assert binding == "run" or engine.buffers.allocations > 0  # the runs went through the device buffers

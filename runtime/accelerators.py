@@ -10,6 +10,7 @@ The provider options are chosen for the runtime's contract, not left at ORT's de
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -38,12 +39,41 @@ class Accelerator:
     auto_rank: int = 0  # --device auto takes the visible kind of highest rank
     indexed: bool = True  # cuda:N; cpu takes no index
     why_absent: Callable[[], str] = field(default=lambda: "none visible", compare=False)
+    # Whether an error raised by a forward on this device left the device unusable in this process, so that only a
+    # new process gets a working one (`serve` then restarts the worker).
+    device_fault: Callable[[BaseException], bool] = field(default=lambda error: False, compare=False)
 
     @property
     def variant(self) -> str | None:
         """The artifact variant this device needs when every provider of it needs the same one."""
         variants = {spec.variant for spec in self.providers}
         return variants.pop() if len(variants) == 1 else None
+
+
+# CUDA and HIP errors are sticky: once a kernel faults (an illegal address, a device-side assert, a launch failure),
+# every later call on the process's context fails the same way. Running out of memory is not one of them: the
+# allocation failed and the context is fine, so the next request may fit.
+GPU_FAULT = re.compile(
+    r"CUDA error|CUDA failure|CUBLAS failure|CUBLAS_STATUS_|CUDNN failure|CUDNN_STATUS_|cudaError|HIP error|HIP failure"
+    r"|hipError|HIPBLAS_STATUS_|MIOPEN failure|miopenStatus|device-side assert|illegal memory access"
+)
+NOT_A_FAULT = re.compile(r"out of memory|ALLOC_FAILED|Failed to allocate", re.IGNORECASE)
+
+
+def gpu_device_fault(error: BaseException) -> bool:
+    """Whether `error` (or an error it was raised from) is a sticky CUDA or HIP error, from torch
+    (`torch.AcceleratorError`, or a message its checks write) or from ONNX Runtime's GPU providers."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        text = str(cause)
+        if isinstance(cause, torch.OutOfMemoryError) or NOT_A_FAULT.search(text):
+            return False
+        if isinstance(cause, torch.AcceleratorError) or GPU_FAULT.search(text):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _torch_gpu_flavour() -> str | None:
@@ -87,7 +117,7 @@ CUDA = Accelerator(
             },
         ),
     ),
-    ("fp32", "fp16", "bf16"), visible=_gpus("cuda"), auto_rank=10, why_absent=_gpu_absent("cuda"),
+    ("fp32", "fp16", "bf16"), visible=_gpus("cuda"), auto_rank=10, why_absent=_gpu_absent("cuda"), device_fault=gpu_device_fault,
 )  # fmt: skip
 ROCM = Accelerator(
     "rocm", "gpu", "cuda",
@@ -98,5 +128,5 @@ ROCM = Accelerator(
             options=lambda index: {"device_id": str(int(index or 0)), "migraphx_fp16_enable": "0"},
         ),
     ),
-    ("fp32", "fp16"), visible=_gpus("rocm"), auto_rank=10, why_absent=_gpu_absent("rocm"),
+    ("fp32", "fp16"), visible=_gpus("rocm"), auto_rank=10, why_absent=_gpu_absent("rocm"), device_fault=gpu_device_fault,
 )  # fmt: skip

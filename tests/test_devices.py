@@ -105,3 +105,34 @@ def test_devices_command_reports_what_auto_picks_and_every_accelerator():
     saturates = int8_products_saturate()  # this CPU's flags: the int8 weight bits its ONNX Runtime products take
     assert report["cpu_int8"]["products_saturate"] is saturates and report["cpu_int8"]["int8_weight_bits"] == (7 if saturates else 8)
     assert f"--int8-weight-bits {report['cpu_int8']['int8_weight_bits']}" in text.stdout
+
+
+def test_gpu_device_faults_are_the_sticky_errors_not_running_out_of_memory():
+    """A fault restarts the serving worker (only a new process gets a clean CUDA or HIP context); out of memory, a
+    request's own error or any CPU error does not."""
+    import torch
+
+    sticky = [
+        torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+        RuntimeError("CUDA error: device-side assert triggered\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions."),
+        RuntimeError("[ONNXRuntimeError] : 1 : FAIL : CUDA failure 700: an illegal memory access was encountered ; GPU=0 ; expr=cudaStreamSynchronize(stream);"),
+        RuntimeError("CUBLAS failure 13: CUBLAS_STATUS_EXECUTION_FAILED ; GPU=0"),
+        RuntimeError("HIP error: the launch timed out and was terminated"),
+    ]
+    recoverable = [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer of size 1073741824"),
+        RuntimeError("CUDA failure 2: out of memory ; GPU=0"),
+        RuntimeError("CUBLAS failure 3: CUBLAS_STATUS_ALLOC_FAILED"),
+        ValueError("an input the engine refused"),
+    ]
+    assert all(CUDA.device_fault(error) and ROCM.device_fault(error) for error in sticky)
+    assert not any(CUDA.device_fault(error) for error in recoverable)
+    assert not any(CPU.device_fault(error) for error in sticky)
+    try:  # an engine that wraps the device's error still reports it
+        try:
+            raise sticky[0]
+        except RuntimeError as inner:
+            raise RuntimeError("the forward failed") from inner
+    except RuntimeError as wrapped:
+        assert CUDA.device_fault(wrapped)

@@ -6,6 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+import torch
+
+from vllm_sr_runtime.accelerators import gpu_device_fault
 from vllm_sr_runtime.errors import NotReady
 from vllm_sr_runtime.interrupts import Interrupted
 from vllm_sr_runtime.server.scheduler import Scheduler
@@ -69,6 +73,10 @@ def test_close_lets_the_running_forward_end_and_drops_what_is_queued_even_from_a
     assert running.response == "running"
     assert model.runs == [["running"]]  # nothing queued ran
     assert all(job.done.is_set() and job.response is None for job in queued)
+    # told to retry (on another worker), not answered as past their deadlines
+    assert all(isinstance(job.error, NotReady) and job.error.retry_after_s == 1 for job in queued)
+    with pytest.raises(NotReady):
+        scheduler.submit("late", deadline)
 
 
 def test_close_says_when_a_forward_outlasts_its_wait():
@@ -168,3 +176,56 @@ def test_close_interrupts_the_run_in_flight_and_tells_a_request_still_waiting_to
         assert interrupted == [job]
     finally:
         model.release.set()
+
+
+class FaultingModel(RecordingModel):
+    """A forward that raises a sticky CUDA error (as torch raises one) for the plan "fault", and a plain error for
+    the plan "bad"; the first call blocks until released."""
+
+    name = "faulting"
+
+    def execute(self, plan, on_batch=None, interrupt=None):
+        return self.execute_many([plan], 0)[0]
+
+    def execute_many(self, plans, max_tokens, on_batch=None, interrupt=None):
+        self.release.wait(30)
+        self.runs.append(list(plans))
+        if "fault" in plans:
+            raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+        if "bad" in plans:
+            raise ValueError("a request's own failure")
+        return list(plans)
+
+
+@pytest.mark.parametrize("merged", [False, True])
+def test_a_device_fault_stops_the_device_and_tells_every_waiting_request_to_retry(merged):
+    """After a sticky device error every later call on the device would fail the same way: nothing more runs, the
+    run's requests and those queued get 503 with Retry-After (a new worker has a clean device), and the worker is
+    told. A request's own error stops nothing."""
+    model, faults = FaultingModel(), []
+    scheduler = Scheduler(model, max_queue=8, batch_window_ms=0, device_fault=gpu_device_fault, on_device_fault=faults.append)
+    deadline = time.monotonic() + 60
+    try:
+        model.release.set()
+        bad = scheduler.submit("bad", deadline)
+        assert bad.done.wait(30) and isinstance(bad.error, ValueError) and faults == []
+        model.release.clear()
+        first = scheduler.submit("first", deadline)
+        time.sleep(0.2)  # inside its forward
+        faulting = [scheduler.submit(plan, deadline, mergeable=merged) for plan in (["fault", "beside"] if merged else ["fault"])]
+        queued = scheduler.submit("queued", deadline)
+        model.release.set()
+        for job in [first, *faulting, queued]:
+            assert job.done.wait(30)
+        assert first.response == "first"
+        assert len(faults) == 1 and isinstance(faults[0], torch.AcceleratorError)
+        assert all(isinstance(job.error, NotReady) and job.error.retry_after_s == 1 and "restarts" in job.error.message for job in [*faulting, queued])
+        scheduler.thread.join(30)
+        assert not scheduler.thread.is_alive()
+        # nothing ran after the fault: neither the queued request nor, for a merged run, its requests one by one
+        assert model.runs == [["bad"], ["first"], ["fault", "beside"] if merged else ["fault"]]
+        with pytest.raises(NotReady, match="restarts"):
+            scheduler.submit("later", deadline)
+    finally:
+        model.release.set()
+        scheduler.stop()

@@ -45,7 +45,7 @@ def _json(resp: falcon.Response, status: int, body: Any) -> None:
 
 
 OPENAPI = yaml.safe_load(resources.files("vllm_sr_runtime.server").joinpath("openapi.yaml").read_text())
-LOADING_RETRY_AFTER_S = 5  # Retry-After of a 503 from a model still loading or warming (a failed one has none)
+LOADING_RETRY_AFTER_S = 5  # Retry-After of a 503 from a model still loading or warming, or restarting after a device fault (one that failed to load has none)
 DISCARD_BYTES = 64 * 1024 * 1024  # how much of an over-limit body is read and dropped before answering 413
 
 
@@ -219,7 +219,7 @@ class Server:
         if not slot.ready:
             raise NotReady(
                 f"model {slot.name} is {slot.state}" + (f": {slot.reason}" if slot.reason else ""),
-                retry_after_s=None if slot.state == "failed" else LOADING_RETRY_AFTER_S,
+                retry_after_s=None if slot.state == "failed" and not slot.restarting else LOADING_RETRY_AFTER_S,
             )
         return slot, options
 

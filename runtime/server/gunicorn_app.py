@@ -199,7 +199,10 @@ class ServeApplication(BaseApplication):
         replaces_one = worker is not None and worker.age > self.config.workers and ServeApplication.others_at_fork > 0
         started_while_others_serve = replaces_one or ServeApplication.old_master_serves
         names = [spec.served_name() for spec in self.config.models]
-        slots = [ModelSlot(spec, self.config, name, accepts_while_loading=not started_while_others_serve) for spec, name in zip(self.config.models, names)]
+        slots = [
+            ModelSlot(spec, self.config, name, accepts_while_loading=not started_while_others_serve, restart_worker=lambda: _restart(worker))
+            for spec, name in zip(self.config.models, names)
+        ]
         ServeApplication.worker_slots = slots
         if started_while_others_serve:
             loading = threading.Event()
@@ -238,6 +241,13 @@ def end_native_work(slots, timeout: float) -> None:
         logging.getLogger("vllm_sr_runtime.server").warning("exiting without waiting for %s", "; ".join(unfinished))
         logging.shutdown()
         os._exit(0)
+
+
+def _restart(worker) -> None:
+    """Ends the worker as gunicorn's own graceful stop does (no new connections; those open are served up to the
+    graceful timeout); the master then starts a new one in its place."""
+    if worker is not None:
+        worker.alive = False
 
 
 def _heartbeat(worker, done: threading.Event) -> None:

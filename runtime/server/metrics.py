@@ -28,6 +28,9 @@ DEVICE_SECONDS = Counter(
     "answered, interrupted (nobody waited for it any more) or failed; its rate is the device's busy share",
     ["model", "profile", "outcome"],
 )
+DEVICE_FAULTS = Counter(
+    f"{PREFIX}_device_faults", "Forwards that left the device unusable (a sticky CUDA or HIP error); each restarts its worker", ["model"]
+)
 REQUEST_SECONDS = Histogram(f"{PREFIX}_request_duration_seconds", "Request latency", ["endpoint"], buckets=LATENCY_BUCKETS)
 QUEUE_SECONDS = Histogram(f"{PREFIX}_queue_duration_seconds", "Time in the model queue", ["model", "profile"], buckets=LATENCY_BUCKETS)
 FORWARD_SECONDS = Histogram(f"{PREFIX}_forward_duration_seconds", "Device time per request", ["model", "profile"], buckets=LATENCY_BUCKETS)

@@ -85,6 +85,8 @@ class Scheduler:
         on_drop: Callable[[Job], None] | None = None,
         on_interrupted: Callable[[Job], None] | None = None,
         on_run: Callable[[float, str], None] | None = None,
+        device_fault: Callable[[BaseException], bool] | None = None,
+        on_device_fault: Callable[[BaseException], None] | None = None,
     ):
         self.model = model
         self.batch_window = batch_window_ms / 1000
@@ -96,12 +98,19 @@ class Scheduler:
         self.on_drop = on_drop or (lambda job: None)
         self.on_interrupted = on_interrupted or (lambda job: None)
         self.on_run = on_run or (lambda seconds, outcome: None)  # each run's device seconds and how it ended
+        # whether a run's error left the device unusable (the device's plugin says), and who is told when one did
+        self.device_fault = device_fault or (lambda error: False)
+        self.on_device_fault = on_device_fault or (lambda error: None)
         self.stopped = False
+        # what a request still waiting once the scheduler has stopped is told: retry (on another worker)
+        self.stop_error = NotReady(f"the worker serving model {model.name} is exiting; retry", retry_after_s=1)
         self.running: Interrupt | None = None  # the interrupt of the run in flight
         self.thread = threading.Thread(target=self._run, name=f"scheduler-{model.name}", daemon=True)
         self.thread.start()
 
     def submit(self, plan: Plan, deadline: float, mergeable: bool = False) -> Job:
+        if self.stopped:
+            raise self.stop_error
         job = Job(plan=plan, deadline=deadline, mergeable=mergeable)
         try:
             self.queue.put_nowait(job)
@@ -151,7 +160,8 @@ class Scheduler:
                 self._expired(job)
 
     def _expired(self, job: Job) -> bool:
-        if self.stopped:  # nobody waits for it any more
+        if self.stopped:
+            job.error = self.stop_error
             job.done.set()
             return True
         if not job.abandoned and time.monotonic() < job.deadline:
@@ -191,7 +201,7 @@ class Scheduler:
     def _interrupted(self, jobs: list[Job], exc: Exception) -> None:
         finished = time.monotonic()
         if self.stopped:  # a request still waiting (past the graceful timeout) is told to go to another worker
-            exc = NotReady(f"the worker serving model {self.model.name} is exiting; retry", retry_after_s=1)
+            exc = self.stop_error
         for job in jobs:
             job.error, job.interrupted, job.finished = exc, True, finished
             self.on_interrupted(job)
@@ -205,6 +215,8 @@ class Scheduler:
         except Interrupted as exc:
             return self._interrupted([job], exc)
         except BaseException as exc:  # reported to the waiting request, never kills the thread
+            if self._device_failed([job], exc):
+                return
             job.error = exc
         job.finished = time.monotonic()
         job.done.set()
@@ -218,7 +230,9 @@ class Scheduler:
                 responses = self.model.execute_many([job.plan for job in jobs], self.max_batch_tokens, on_batch=self.on_batch, interrupt=interrupt)
         except Interrupted as exc:
             return self._interrupted(jobs, exc)
-        except BaseException:
+        except BaseException as exc:
+            if self._device_failed(jobs, exc):
+                return
             for job in jobs:  # one request's failure must not fail the others: retry each alone
                 self._run_alone(job)
             return
@@ -227,9 +241,26 @@ class Scheduler:
             job.response, job.finished = response, finished
             job.done.set()
 
+    def _device_failed(self, jobs: list[Job], exc: BaseException) -> bool:
+        """Whether a run's error is a device fault. If so, nothing more runs on this device: `on_device_fault` is
+        told (serve restarts the worker for a clean device), and the run's requests and those queued are told to
+        retry, on another worker or on this one's replacement."""
+        if not self.device_fault(exc):
+            return False
+        self.stop_error = NotReady(
+            f"the device of model {self.model.name} failed ({type(exc).__name__}: {exc}); the worker restarts; retry", retry_after_s=1
+        )
+        self.stop()
+        self.on_device_fault(exc)
+        finished = time.monotonic()
+        for job in jobs:
+            job.error, job.finished = self.stop_error, finished
+            job.done.set()
+        return True
+
     def stop(self) -> None:
         """Takes no more work: the run in flight is interrupted (its requests were answered or left: the worker
-        exits after its requests), what is queued is dropped."""
+        exits after its requests), and what is queued is told to retry (503 with Retry-After)."""
         self.stopped = True
         if (running := self.running) is not None:
             running.set()

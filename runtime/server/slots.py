@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
@@ -19,9 +19,13 @@ WARMUP_QUESTIONS = {"warmup": {"type": "noul", "instructions": "Is this a warm-u
 
 
 class ModelSlot:
-    def __init__(self, spec: ModelSpec, config: ServeConfig, name: str, accepts_while_loading: bool = True):
+    def __init__(
+        self, spec: ModelSpec, config: ServeConfig, name: str, accepts_while_loading: bool = True, restart_worker: Callable[[], None] | None = None
+    ):
         """`accepts_while_loading`: the worker answers while this model loads, so the server is not ready until it
-        is; a worker that loads before it accepts counts only once it does (its siblings serve meanwhile)."""
+        is; a worker that loads before it accepts counts only once it does (its siblings serve meanwhile).
+        `restart_worker`: called after a device fault (the worker ends once its requests have, and gunicorn starts a
+        new one, with a clean device)."""
         self.spec = spec
         self.config = config
         self.name = name
@@ -33,6 +37,8 @@ class ModelSlot:
         self.profiles = [self.profile]
         self.aliases: list[str] = []  # other names requests may use (the server sets them)
         self.attempts = 0  # load tries so far
+        self.restart_worker = restart_worker or (lambda: None)
+        self.restarting = False  # failed by a device fault: this worker's replacement will serve it
         if accepts_while_loading:
             metrics.READY.labels(model=name).set(0)
 
@@ -120,6 +126,8 @@ class ModelSlot:
             on_drop=lambda job: (metrics.ABANDONED if job.abandoned else metrics.DEADLINE_DROPPED).labels(**labels).inc(len(job.plan.questions)),
             on_interrupted=lambda job: metrics.INTERRUPTED.labels(**labels).inc(len(job.plan.questions)),
             on_run=lambda seconds, outcome: metrics.DEVICE_SECONDS.labels(**labels, outcome=outcome).inc(seconds),
+            device_fault=model.device.spec.device_fault,
+            on_device_fault=self.device_failed,
         )
         self.model = model
         card = model.card()
@@ -142,6 +150,16 @@ class ModelSlot:
             prefix = batch.inputs["prefix_ids"].shape[1]
             metrics.SHARED_PASSES.labels(model=self.name).inc()
             metrics.SHARED_PREFIX_TOKENS.labels(model=self.name).inc(prefix * (len(batch.items) - 1))
+
+    def device_failed(self, error: BaseException) -> None:
+        """A forward left the device unusable in this process: the model fails here (its requests are told to retry)
+        and the worker restarts, its replacement loading the model on a clean device."""
+        self.state, self.reason = "failed", f"device fault ({type(error).__name__}: {error}); the worker restarts"
+        self.restarting = True
+        metrics.READY.labels(model=self.name).set(0)
+        metrics.DEVICE_FAULTS.labels(model=self.name).inc()
+        log.error("model %s: %s", self.name, self.reason)
+        self.restart_worker()
 
     def close(self, timeout: float) -> str | None:
         """As the worker exits: stops the scheduler (interrupting its run in flight), waiting up to `timeout` for the

@@ -54,6 +54,24 @@ def test_a_batching_run_merges_at_most_max_batch_requests():
     assert [job.response for job in jobs] == [f"plan{i}" for i in range(20)]
 
 
+def test_the_queue_runs_the_earliest_deadline_first():
+    """A request that must be answered soon is not held behind queued ones that may wait; equal deadlines keep their
+    order of arrival."""
+    model = RecordingModel()
+    scheduler = Scheduler(model, max_queue=16, batch_window_ms=0)
+    now = time.monotonic()
+    try:
+        running = scheduler.submit("running", now + 60)
+        time.sleep(0.2)  # inside its forward: the rest queue behind it
+        queued = [scheduler.submit(plan, now + seconds) for plan, seconds in [("late", 50), ("soon", 20), ("first-of-two", 30), ("second-of-two", 30), ("sooner", 10)]]
+        model.release.set()
+        assert all(job.done.wait(30) for job in [running, *queued])
+        assert [run[0] for run in model.runs] == ["running", "sooner", "soon", "first-of-two", "second-of-two", "late"]
+    finally:
+        model.release.set()
+        scheduler.stop()
+
+
 def test_close_lets_the_running_forward_end_and_drops_what_is_queued_even_from_a_full_queue():
     """As a worker exits: a thread still inside a forward when the interpreter finalizes aborts the worker."""
     model = RecordingModel()

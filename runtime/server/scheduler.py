@@ -1,6 +1,8 @@
 """Per-model scheduler: one thread owns the device; request threads submit rendered plans and wait.
 
-The queue is bounded (a full queue refuses at once with 429) and every job carries a deadline: a job
+The queue is bounded (a full queue refuses at once with 429) and every job carries a deadline. The queue is
+deadline-ordered: the job whose deadline comes first runs first (jobs with equal deadlines in the order they came),
+so a request that must be answered soon is not held behind ones that may wait. A job
 whose deadline has passed when the worker picks it up is dropped, and a waiting request returns at its
 deadline whatever the device is doing, so a request never hangs. A job whose client went away is dropped
 the same way: nobody would read its answers. Once nobody waits for any job of the run in flight (their clients left,
@@ -10,6 +12,7 @@ pass in flight where it can, so the device goes to the requests still waiting.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -92,7 +95,9 @@ class Scheduler:
         self.batch_window = batch_window_ms / 1000
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
-        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        # (deadline, arrival, job); the stop marker (job None) sorts first
+        self.queue: queue.PriorityQueue[tuple[float, int, Job | None]] = queue.PriorityQueue(maxsize=max_queue)
+        self.arrivals = itertools.count()
         self.on_batch = on_batch
         self.on_depth = on_depth or (lambda depth: None)
         self.on_drop = on_drop or (lambda job: None)
@@ -113,7 +118,7 @@ class Scheduler:
             raise self.stop_error
         job = Job(plan=plan, deadline=deadline, mergeable=mergeable)
         try:
-            self.queue.put_nowait(job)
+            self.queue.put_nowait((deadline, next(self.arrivals), job))
         except queue.Full:
             raise Overloaded(f"the queue of model {self.model.name} is full ({self.queue.maxsize} requests); retry later", "queue") from None
         self.on_depth(self.queue.qsize())
@@ -124,7 +129,7 @@ class Scheduler:
         rest waits for the next run); False once the stop marker is seen."""
         while len(jobs) + len(alone) < self.max_batch_requests:
             try:
-                job = self.queue.get_nowait()
+                job = self.queue.get_nowait()[2]
             except queue.Empty:
                 return True
             if job is None:
@@ -135,7 +140,7 @@ class Scheduler:
     def _run(self) -> None:
         running = True
         while running and not self.stopped:
-            first = self.queue.get()
+            first = self.queue.get()[2]
             if first is None:
                 break
             merged, alone = ([first], []) if first.mergeable else ([], [first])
@@ -156,7 +161,7 @@ class Scheduler:
                 if not self._expired(job):
                     self._run_alone(job)
         while not self.queue.empty():  # stopped: what is left is dropped
-            if (job := self.queue.get_nowait()) is not None:
+            if (job := self.queue.get_nowait()[2]) is not None:
                 self._expired(job)
 
     def _expired(self, job: Job) -> bool:
@@ -265,7 +270,7 @@ class Scheduler:
         if (running := self.running) is not None:
             running.set()
         try:
-            self.queue.put_nowait(None)  # wakes an idle thread
+            self.queue.put_nowait((float("-inf"), next(self.arrivals), None))  # wakes an idle thread
         except queue.Full:
             pass  # a busy one sees `stopped` after its forward
 

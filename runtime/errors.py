@@ -56,7 +56,7 @@ class RequestTooLarge(RuntimeServiceError):
 
 
 class Overloaded(RuntimeServiceError):
-    """`limit`: which of the server's limits refused the request (queue, inflight_bytes, media_slots)."""
+    """`limit`: which of the server's limits refused the request (queue, queued_tokens, inflight_bytes, media_slots)."""
 
     status = 429
     code = "overloaded"

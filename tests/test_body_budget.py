@@ -1,9 +1,11 @@
 """The request-body bytes a worker's requests in flight hold are bounded (--max-inflight-request-bytes): with a
-thread for every request the queues take, a burst of large bodies would otherwise be held all at once."""
+thread for every request the queues take, a burst of large bodies would otherwise be held all at once. A model's
+queue is bounded by its requests' input tokens too (--max-queued-tokens)."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -127,3 +129,40 @@ def test_requests_with_media_wait_for_one_of_the_workers_media_slots():
     with app.media_slot([image], 30_000, time.perf_counter(), Client()):
         pass  # released when the requests were answered
     assert slots_held() == before
+
+
+def test_a_queue_holding_long_requests_refuses_by_their_tokens(packages, tmp_path):
+    """Behind a forward in flight, a queued request of ~8,300 input tokens leaves no room under --max-queued-tokens
+    12000 for another: it gets 429 `queued_tokens` at once, where --max-queue (256) would have taken it."""
+    server = Server([str(packages["d3"]), "--device", "cpu", "--result-cache-entries", "0", "--max-queued-tokens", "12000"], log=tmp_path / "log")
+
+    def body(label: str, questions: int, words: int, deadline_ms: int = 60000) -> dict:
+        topics = {f"q{i}": {"type": "noul", "instructions": f"Topic {i}?"} for i in range(questions)}
+        return {"state": f"{label} " + "word " * words, "questions": topics, "options": {"deadline_ms": deadline_ms, "return_meta": True}}
+
+    replies: dict = {}
+
+    def send(name: str, request: dict) -> threading.Thread:
+        thread = threading.Thread(target=lambda: replies.__setitem__(name, server.post(request, timeout=120)))
+        thread.start()
+        return thread
+
+    def refusals() -> float:
+        return metric_total(server.request("GET", "/metrics").body.decode(), "vllm_sr_runtime_overloaded_requests_total", limit="queued_tokens")
+
+    try:
+        server.wait()
+        long = send("long", body("long", 64, 1200, deadline_ms=4000))  # 8 passes of ~2,400-token rows: seconds
+        time.sleep(1.0)
+        queued = send("queued", body("queued", 8, 280))
+        time.sleep(0.5)
+        refused = server.post(body("refused", 8, 280))
+        CONTRACT.check("/v1/systemone", "POST", refused)
+        assert refused.status == 429 and refused.json()["error"]["code"] == "overloaded" and refused.headers["retry-after"] == "1", refused.body
+        assert "--max-queued-tokens 12000" in refused.json()["error"]["message"] and refusals() == 1
+        for thread in (long, queued):
+            thread.join(120)
+        assert replies["queued"].status == 200 and 6000 < replies["queued"].json()["usage"]["input_tokens"] <= 12000
+        assert server.post(body("again", 8, 280)).status == 200  # the queue emptied: the same request is taken
+    finally:
+        server.stop()

@@ -41,6 +41,7 @@ REFUSED = [
     (["serve", "pkg", "--workers", "0"], "--workers: must be >= 1, not 0"),
     (["serve", "pkg", "--deadline-ms", "700000"], "--deadline-ms: must be in 1..600000, not 700000"),  # else every request 400s
     (["serve", "pkg", "--max-queue", "0"], "--max-queue: must be >= 1, not 0"),
+    (["serve", "pkg", "--max-queued-tokens", "0"], "--max-queued-tokens: must be >= 1, not 0"),
     (["serve", "pkg", "--batch-window-ms", "-1"], "--batch-window-ms: must be >= 0, not -1.0"),
     (["serve", "pkg", "--media-url-timeout", "0"], "--media-url-timeout: must be > 0, not 0.0"),
     (["serve", "pkg", "--result-cache-entries", "-1"], "--result-cache-entries: must be >= 0, not -1"),

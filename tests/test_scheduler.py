@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vllm_sr_runtime.accelerators import gpu_device_fault
-from vllm_sr_runtime.errors import NotReady
+from vllm_sr_runtime.errors import NotReady, Overloaded
 from vllm_sr_runtime.interrupts import Interrupted
 from vllm_sr_runtime.server.scheduler import Scheduler
 
@@ -67,6 +67,37 @@ def test_the_queue_runs_the_earliest_deadline_first():
         model.release.set()
         assert all(job.done.wait(30) for job in [running, *queued])
         assert [run[0] for run in model.runs] == ["running", "sooner", "soon", "first-of-two", "second-of-two", "late"]
+    finally:
+        model.release.set()
+        scheduler.stop()
+
+
+class Tokens(str):
+    """A plan that says its input tokens (its name is what the stand-in model records)."""
+
+    def __new__(cls, name: str, tokens: int):
+        plan = super().__new__(cls, name)
+        plan.input_tokens = tokens
+        return plan
+
+
+def test_the_queue_refuses_what_would_pass_its_token_bound_and_never_a_request_alone():
+    model = RecordingModel()
+    scheduler = Scheduler(model, max_queue=16, max_queued_tokens=1000, batch_window_ms=0)
+    deadline = time.monotonic() + 60
+    try:
+        running = scheduler.submit(Tokens("running", 5000), deadline)  # alone in the queue: taken however long
+        time.sleep(0.2)  # inside its forward: its tokens left the queue
+        first, second = scheduler.submit(Tokens("a", 600), deadline), scheduler.submit(Tokens("b", 300), deadline)
+        assert scheduler.queued_tokens == 900
+        with pytest.raises(Overloaded, match="--max-queued-tokens 1000") as refused:
+            scheduler.submit(Tokens("c", 200), deadline)
+        assert refused.value.limit == "queued_tokens" and scheduler.queued_tokens == 900
+        last = scheduler.submit(Tokens("d", 100), deadline)  # exactly at the bound
+        model.release.set()
+        assert all(job.done.wait(30) for job in [running, first, second, last])
+        assert [run[0] for run in model.runs] == ["running", "a", "b", "d"] and scheduler.queued_tokens == 0
+        assert scheduler.submit(Tokens("long", 5000), deadline).done.wait(30)  # an empty queue takes it again
     finally:
         model.release.set()
         scheduler.stop()

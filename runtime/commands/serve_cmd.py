@@ -84,6 +84,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         workers=args.workers,
         threads=args.threads,
         max_queue=args.max_queue,
+        max_queued_tokens=args.max_queued_tokens,
         max_request_bytes=args.max_request_bytes,
         max_inflight_request_bytes=args.max_inflight_request_bytes,
         max_bundle_tasks=args.max_bundle_tasks,
@@ -159,6 +160,11 @@ def register(sub) -> None:
         "thread of its own, and /health never waits behind them)",
     )  # fmt: skip
     parser.add_argument("--max-queue", type=positive_int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")
+    parser.add_argument(
+        "--max-queued-tokens", type=positive_int, default=ServeConfig.max_queued_tokens, metavar="N",
+        help="input tokens of the requests queued per model and worker before 429 (a request alone in the queue is always "
+        "taken): the queue's work, where --max-queue counts requests however long",
+    )  # fmt: skip
     parser.add_argument(
         "--keepalive", type=positive_int, default=ServeConfig.keepalive, metavar="SECONDS",
         help="how long an idle kept-alive connection stays open; behind a proxy that pools connections, keep its upstream "

@@ -70,6 +70,7 @@ class ServeConfig:
     workers: int = 1
     threads: int | None = None  # request threads per worker; None: request_threads()
     max_queue: int = 256
+    max_queued_tokens: int = 4_194_304  # input tokens of the requests a model's queue holds, per worker
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_inflight_request_bytes: int | None = None  # bodies a worker's requests in flight hold; None: inflight_request_bytes()
     max_bundle_tasks: int = 64  # tasks per POST /v1/bundle

@@ -35,6 +35,7 @@ class Job:
     abandoned: bool = False  # its client closed the connection while it waited
     given_up: bool = False  # its waiter returned at its deadline without the answers
     enqueued: float = field(default_factory=time.monotonic)
+    tokens: int = 0  # its input tokens, counted against the scheduler's queued-token bound while it waits
     started: float | None = None
     finished: float | None = None
     response: Response | None = None
@@ -80,6 +81,7 @@ class Scheduler:
         model: DecisionModel,
         *,
         max_queue: int,
+        max_queued_tokens: int | None = None,
         batch_window_ms: float = 2.0,
         max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
         max_batch_requests: int = DEFAULT_BATCH_REQUESTS,
@@ -98,6 +100,9 @@ class Scheduler:
         # (deadline, arrival, job); the stop marker (job None) sorts first
         self.queue: queue.PriorityQueue[tuple[float, int, Job | None]] = queue.PriorityQueue(maxsize=max_queue)
         self.arrivals = itertools.count()
+        self.max_queued_tokens = max_queued_tokens  # None: no bound
+        self.queued_tokens = 0  # the input tokens of the jobs waiting (not of the run in flight)
+        self.tokens_lock = threading.Lock()
         self.on_batch = on_batch
         self.on_depth = on_depth or (lambda depth: None)
         self.on_drop = on_drop or (lambda job: None)
@@ -117,11 +122,29 @@ class Scheduler:
         if self.stopped:
             raise self.stop_error
         job = Job(plan=plan, deadline=deadline, mergeable=mergeable)
-        try:
-            self.queue.put_nowait((deadline, next(self.arrivals), job))
-        except queue.Full:
-            raise Overloaded(f"the queue of model {self.model.name} is full ({self.queue.maxsize} requests); retry later", "queue") from None
+        with self.tokens_lock:
+            if self.max_queued_tokens is not None:
+                job.tokens = plan.input_tokens
+                # a request alone in the queue is always taken, however long
+                if self.queued_tokens and self.queued_tokens + job.tokens > self.max_queued_tokens:
+                    raise Overloaded(
+                        f"the queue of model {self.model.name} holds {self.queued_tokens} input tokens; {job.tokens} more would pass "
+                        f"--max-queued-tokens {self.max_queued_tokens}; retry later", "queued_tokens",
+                    )  # fmt: skip
+            try:
+                self.queue.put_nowait((deadline, next(self.arrivals), job))
+            except queue.Full:
+                raise Overloaded(f"the queue of model {self.model.name} is full ({self.queue.maxsize} requests); retry later", "queue") from None
+            self.queued_tokens += job.tokens
         self.on_depth(self.queue.qsize())
+        return job
+
+    def _take(self, block: bool) -> Job | None:
+        """The queued job whose deadline comes first (None: the stop marker); its tokens leave the queue's count."""
+        job = (self.queue.get() if block else self.queue.get_nowait())[2]
+        if job is not None and job.tokens:
+            with self.tokens_lock:
+                self.queued_tokens -= job.tokens
         return job
 
     def _drain(self, jobs: list[Job], alone: list[Job]) -> bool:
@@ -129,7 +152,7 @@ class Scheduler:
         rest waits for the next run); False once the stop marker is seen."""
         while len(jobs) + len(alone) < self.max_batch_requests:
             try:
-                job = self.queue.get_nowait()[2]
+                job = self._take(block=False)
             except queue.Empty:
                 return True
             if job is None:
@@ -140,7 +163,7 @@ class Scheduler:
     def _run(self) -> None:
         running = True
         while running and not self.stopped:
-            first = self.queue.get()[2]
+            first = self._take(block=True)
             if first is None:
                 break
             merged, alone = ([first], []) if first.mergeable else ([], [first])
@@ -161,7 +184,7 @@ class Scheduler:
                 if not self._expired(job):
                     self._run_alone(job)
         while not self.queue.empty():  # stopped: what is left is dropped
-            if (job := self.queue.get_nowait()[2]) is not None:
+            if (job := self._take(block=False)) is not None:
                 self._expired(job)
 
     def _expired(self, job: Job) -> bool:

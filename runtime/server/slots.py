@@ -118,6 +118,7 @@ class ModelSlot:
         self.scheduler = Scheduler(
             model,
             max_queue=self.config.max_queue,
+            max_queued_tokens=self.config.max_queued_tokens,
             batch_window_ms=self.config.batch_window_ms,
             max_batch_tokens=self.config.max_batch_tokens,
             max_batch_requests=self.config.max_batch_requests,

@@ -36,6 +36,8 @@ def test_hadolint_passes(dockerfile):
     assert "USER 10001" in runtime_stage and "gcc" not in runtime_stage and "build-essential" not in runtime_stage
     assert "/health/live" in runtime_stage and "VLLM_SR_RUNTIME_CACHE_DIR" in runtime_stage
     assert '"serve", "--host", "0.0.0.0", "--port", "8100"' in runtime_stage
+    # OpenShift's arbitrary uid (group 0) must be able to write the cache (first-use downloads, exports) and home
+    assert "chgrp -R 0 /var/cache/vllm-sr-runtime /home/sr" in runtime_stage and "chmod -R g=u /var/cache/vllm-sr-runtime /home/sr" in runtime_stage
 
 
 def test_hadolint_catches_a_bad_dockerfile(tmp_path):

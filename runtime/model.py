@@ -200,6 +200,7 @@ class DecisionModel:
             "path": str(ref.path),
             "profile": self.profile,
             "engine": self.engine.name,
+            "accelerator": self.device.kind,
             "device": self.device.name,
             "dtype": self.dtype,
             "golden": self.golden["status"],

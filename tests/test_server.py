@@ -93,6 +93,8 @@ def test_models_card_and_health(servers):
     assert card["family"] == "decision3" and card["ready"] and card["engine"] == "torch" and card["dtype"] == "fp32"
     assert card["limits"]["max_options"] == 255 and card["limits"]["max_levels"] == 10 and card["profiles"] == ["exact"]
     assert len(card["model_sha256"]) == 64
+    # the spec's card fields a router checks before it publishes a binding: where it runs, and under what licence
+    assert card["accelerator"] == "cpu" and card["licence"] == {"spdx": "Apache-2.0", "components": [{"name": "synthetic weights", "spdx": "Apache-2.0"}]}
     health = checked(servers[("d3", "exact")], "GET", "/health")
     assert health.status == 200 and health.json()["status"] == "ready"
     assert checked(servers[("d3", "exact")], "GET", "/health/live").json() == {"status": "alive"}

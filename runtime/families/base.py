@@ -260,6 +260,11 @@ class Family(ABC):
         prefix -> question direction when the prefix runs once."""
         return self.causal_attention
 
+    @property
+    def licence(self) -> dict | None:
+        """The package's licence as its manifest states it (`{spdx, components}`), None where it states none."""
+        return (getattr(self.package, "manifest", None) or {}).get("licence")
+
     def card(self) -> dict:
         package = self.package
         return {
@@ -268,4 +273,5 @@ class Family(ABC):
             "manifest_sha256": package.manifest_sha256,
             "max_input_tokens": self.max_input_tokens,
             "shared_context": "exact" if self.shared_context_exact else "approximate",
+            "licence": self.licence,
         }

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vllm_sr_runtime.cli_options import add_quiet_option, add_source_options
+from vllm_sr_runtime.cli_options import add_licence_option, add_quiet_option, add_source_options
 from vllm_sr_runtime.cli_values import fraction
 from vllm_sr_runtime.defaults import DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.profiles import installed_profiles, profile_named, unused_artifact
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--weight-noise perturbs the eager model's weights: use it with --profile exact, not {args.profile}")
     # A request file is read (and every line checked) before any model is loaded: that can take minutes.
     requests = load_jsonl(Path(args.suite)) if args.suite not in ("builtin", "short") else None
-    common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path}
+    common = {"device": args.device, "cache_dir": args.cache_dir, "offline": args.offline or None, "base_path": args.base_path, "accept_licences": args.accept_licence}
     if args.close_call_margin is not None and args.against != "exact":
         raise ValueError("--close-call-margin answers close calls again with exact: compare --against exact")
     reference = vllm_sr_runtime.load(args.model, profile=args.against, **common)
@@ -125,5 +125,6 @@ def register(sub) -> None:
     )  # fmt: skip
     parser.add_argument("--device", default="cpu", help="cpu, cuda[:N], rocm[:N] or auto (both profiles run there)")
     add_source_options(parser)
+    add_licence_option(parser)
     add_quiet_option(parser)
     parser.set_defaults(func=run)

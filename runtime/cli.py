@@ -30,6 +30,7 @@ def cmd_fixture(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         layers=args.layers,
         golden=not args.no_golden,
+        licence=args.licence,
     )
     for path in written:
         print(path)
@@ -38,7 +39,9 @@ def cmd_fixture(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from vllm_sr_runtime.artifacts import ARTIFACT_FILE, read_artifact
+    from vllm_sr_runtime.errors import LicenceRefused
     from vllm_sr_runtime.families import open_family
+    from vllm_sr_runtime.packages.licence import check_licence
     from vllm_sr_runtime.packages.resolve import resolve_package
 
     if (Path(args.package) / ARTIFACT_FILE).is_file():  # an exported artifact: its own manifest lists its files
@@ -54,10 +57,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     family = open_family(ref, base_path=Path(args.base_path) if args.base_path else None, cache_dir=args.cache_dir, offline=args.offline or None)
     package = family.package
     origin = f"{ref.repo_id}@{ref.revision}" if ref.repo_id else str(ref.path)
+    licence = family.licence
     print(
         f"ok: {family.name} {package.model_name} ({origin}) model_sha256={package.model_sha256} "
-        f"max_input_tokens={family.max_input_tokens} verification={'pinned' if ref.repo_id else 'local'}"
+        f"max_input_tokens={family.max_input_tokens} verification={'pinned' if ref.repo_id else 'local'} "
+        f"licence={licence['spdx'] if isinstance(licence, dict) else licence}"
     )
+    try:
+        check_licence(licence, (), origin)
+    except LicenceRefused as exc:
+        print(f"note: serve, bench and parity need {' '.join(f'--accept-licence {needed}' for needed in exc.needs)} to use it")
     return 0
 
 
@@ -99,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--vision", action="store_true", help="decision3: add a vision tower (visual. weights, processor configs)")
     fixture.add_argument("--max-length", type=int, help="decision3: the longest prompt the package declares (default 4096)")
     fixture.add_argument("--layers", type=positive_int, help="change the backbone's depth (hybrid backbones repeat their size's GDN / full-attention pattern: 3:1 at real dimensions, 1:1 tiny)")
+    fixture.add_argument("--licence", default="Apache-2.0", metavar="SPDX", help="the licence the manifest states (e.g. CC-BY-NC-4.0, to try the licence policy)")
     fixture.add_argument("--out", required=True, help="the package folder to write")
     fixture.set_defaults(func=cmd_fixture)
 

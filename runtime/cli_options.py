@@ -12,5 +12,13 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-path", help="local copy of an adapter package's pinned base checkpoint (Vega)")
 
 
+def add_licence_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--accept-licence", action="append", default=[], metavar="ID",
+        help="use a package whose licence (or a component's) allows only non-commercial or research use: its SPDX id, "
+        "e.g. CC-BY-NC-4.0 (repeatable); such a package is refused without it",
+    )  # fmt: skip
+
+
 def add_quiet_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")

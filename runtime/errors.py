@@ -35,6 +35,14 @@ class DownloadError(PackageError):
     transient = True
 
 
+class LicenceRefused(PackageError):
+    """A package whose licence allows only uses the operator has not accepted; `needs`: the SPDX ids to accept."""
+
+    def __init__(self, message: str, path: str, needs: list[str]):
+        super().__init__(message, path)
+        self.needs = needs
+
+
 class UnsupportedDeviceError(RuntimeServiceError):
     status = 503
     code = "not_ready"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from vllm_sr_runtime.families.base import Family, Plan
 from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.interrupts import Interrupt
 from vllm_sr_runtime.profiles import build_engine, profile_named
+from vllm_sr_runtime.packages.licence import check_licence
 from vllm_sr_runtime.packages.resolve import resolve_package
 
 
@@ -275,13 +277,16 @@ def load(
     shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS,
     close_call_margin: float | None = None,
     allow_approximate_shared_context: bool = False,
+    accept_licences: Iterable[str] = (),
 ) -> DecisionModel:
     """Resolve and verify a package, build the profile's engine, return a model with `ask(state, questions)`.
 
     `close_call_margin` (profiles other than exact): every answer whose top-two probability margin is below it is
     answered again by the `exact` profile's engine, loaded beside the profile's (its memory too).
     `allow_approximate_shared_context`: load profile shared_context for a family whose attention reads the prompt
-    both ways (Decision 3.0's non-causal packages), whose answers then differ from exact by design; refused otherwise."""
+    both ways (Decision 3.0's non-causal packages), whose answers then differ from exact by design; refused otherwise.
+    `accept_licences`: SPDX ids of non-commercial or research licences the caller may use; a package whose
+    licence (or a component's) is one of those and not accepted is refused (LicenceRefused)."""
     if close_call_margin is not None:
         check_margin(close_call_margin, profile)  # before anything loads
     if isinstance(shared_min_tokens, bool) or not isinstance(shared_min_tokens, int) or shared_min_tokens < 0:
@@ -289,6 +294,7 @@ def load(
     target = parse_device(device)
     ref = resolve_package(package, revision, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
+    check_licence(family.licence, accept_licences, str(ref.path))
     if approximate_by_design(profile, family) and not allow_approximate_shared_context:
         raise InvalidRequest(
             f"profile {profile} is approximate for {family.model_name}: its full-attention layers read the prompt both ways, "

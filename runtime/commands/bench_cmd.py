@@ -9,7 +9,7 @@ import platform
 import sys
 from pathlib import Path
 
-from vllm_sr_runtime.cli_options import add_quiet_option, add_source_options
+from vllm_sr_runtime.cli_options import add_licence_option, add_quiet_option, add_source_options
 from vllm_sr_runtime.cli_values import choice_list, counts, positive_float, positive_int
 from vllm_sr_runtime.profiles import installed_profiles
 from vllm_sr_runtime.report_folders import figure_png, prepare_report_folder, write_report_file
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             for artifact in _artifacts_for(profile, artifacts):
                 model = vllm_sr_runtime.load(
                     args.model, device=args.device, profile=profile, artifact=artifact, cache_dir=args.cache_dir, base_path=args.base_path,
-                    offline=args.offline or None, allow_approximate_shared_context=True,  # timed, not served
+                    offline=args.offline or None, accept_licences=args.accept_licence, allow_approximate_shared_context=True,  # timed, not served
                 )
                 if args.media != "none" and not model.family.reads_media:  # before the other profiles load, not after
                     raise ValueError(f"--media {args.media}: {model.name} has no vision tower (Decision 3.0 packages with one read images and videos)")
@@ -269,6 +269,7 @@ def register(sub) -> None:
     parser.add_argument("--artifact", action="append", help="max_speed artifact; repeat to compare several (rows max_speed-<dtype>); one exported with --shared-context also adds a shared_context-onnx-<dtype> row")
     parser.add_argument("--device", default="cpu", help="forward: cpu, cuda[:N], rocm[:N] or auto")
     add_source_options(parser)
+    add_licence_option(parser)
     parser.add_argument("--out", default="bench-results", help="the report folder (bench.json and charts)")
     parser.add_argument("--plot", action="store_true", help="also write PNG charts")
     parser.add_argument("--media", default="none", choices=["none", "image", "video", "image+video"], help="forward: every request also carries a synthetic image (640x480) and/or video (4 s, 320x256); Decision 3.0 packages with a vision tower")

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from vllm_sr_runtime.cli_options import add_source_options
+from vllm_sr_runtime.cli_options import add_licence_option, add_source_options
 from vllm_sr_runtime.cli_values import non_negative_float, non_negative_int, port, positive_float, positive_int, ranged
 from vllm_sr_runtime.profiles import installed_profiles
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ModelSpec, ServeConfig, check_names, checked_uds_path, load_models_file
@@ -101,6 +101,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         media_url_timeout_s=args.media_url_timeout,
         cache_dir=args.cache_dir,
         offline=args.offline,
+        accept_licences=tuple(args.accept_licence),
         result_cache_entries=args.result_cache_entries,
         load_attempts=args.load_attempts,
         load_retry_seconds=args.load_retry_seconds,
@@ -235,6 +236,7 @@ def register(sub) -> None:
     )  # fmt: skip
     parser.add_argument("--load-retry-seconds", type=non_negative_float, default=ServeConfig.load_retry_seconds, help="first wait between load tries, doubling up to 300 s")
     add_source_options(parser)
+    add_licence_option(parser)
     parser.add_argument("--log-level", default=ServeConfig.log_level, choices=["debug", "info", "warning", "error"], help="gunicorn's and the workers' log level")
     parser.add_argument("--access-log", action="store_true", help="log one line per request to stderr: client, request line, status, bytes, ms, request id")
     parser.set_defaults(func=run)

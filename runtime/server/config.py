@@ -87,6 +87,7 @@ class ServeConfig:
     media_url_timeout_s: float = 10.0
     cache_dir: str | None = None
     offline: bool = False
+    accept_licences: tuple[str, ...] = ()  # SPDX ids of non-commercial or research licences the operator may use
     result_cache_entries: int = 16_384  # question rows whose answers each model keeps (0: no result cache)
     load_attempts: int = 5  # tries per model when a load fails for a transient reason (never for verification)
     load_retry_seconds: float = 5.0  # the first wait between tries; doubling up to MAX_LOAD_RETRY_SECONDS

@@ -43,6 +43,17 @@ class LicenceRefused(PackageError):
         self.needs = needs
 
 
+class MemoryBudgetExceeded(RuntimeServiceError):
+    """A model whose weights would pass the memory budget left for them. Never retried."""
+
+    status = 503
+    code = "not_ready"
+
+    def __init__(self, message: str, needed: int, budget: int):
+        super().__init__(message)
+        self.needed, self.budget = needed, budget
+
+
 class UnsupportedDeviceError(RuntimeServiceError):
     status = 503
     code = "not_ready"

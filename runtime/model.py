@@ -21,9 +21,11 @@ from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.base import Family, Plan
 from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.interrupts import Interrupt
-from vllm_sr_runtime.profiles import build_engine, profile_named
+from vllm_sr_runtime.plugins import plugin
+from vllm_sr_runtime.profiles import build_engine, engine_plugin_for, profile_named
 from vllm_sr_runtime.packages.licence import check_licence
 from vllm_sr_runtime.packages.resolve import resolve_package
+from vllm_sr_runtime.weight_budget import check_weight_budget
 
 
 @dataclass
@@ -278,6 +280,7 @@ def load(
     close_call_margin: float | None = None,
     allow_approximate_shared_context: bool = False,
     accept_licences: Iterable[str] = (),
+    memory_budget_bytes: int | None = None,
 ) -> DecisionModel:
     """Resolve and verify a package, build the profile's engine, return a model with `ask(state, questions)`.
 
@@ -286,7 +289,9 @@ def load(
     `allow_approximate_shared_context`: load profile shared_context for a family whose attention reads the prompt
     both ways (Decision 3.0's non-causal packages), whose answers then differ from exact by design; refused otherwise.
     `accept_licences`: SPDX ids of non-commercial or research licences the caller may use; a package whose
-    licence (or a component's) is one of those and not accepted is refused (LicenceRefused)."""
+    licence (or a component's) is one of those and not accepted is refused (LicenceRefused).
+    `memory_budget_bytes`: the most its weights may take; refused (MemoryBudgetExceeded) before they load when the
+    engine plugin's estimate passes it, and released when what the built engine holds does."""
     if close_call_margin is not None:
         check_margin(close_call_margin, profile)  # before anything loads
     if isinstance(shared_min_tokens, bool) or not isinstance(shared_min_tokens, int) or shared_min_tokens < 0:
@@ -302,8 +307,13 @@ def load(
             "`vllm-sr-runtime parity --profile shared_context`); allow it (serve --allow-approximate-shared-context, "
             "load(..., allow_approximate_shared_context=True)), or use exact, batching or max_speed"
         )
+    if memory_budget_bytes is not None:
+        estimate = getattr(plugin("engine", engine_plugin_for(profile, family, artifact)), "expected_weight_bytes", None)
+        needed = estimate(family, target, profile_named(profile), artifact=artifact, cache_dir=cache_dir) if estimate is not None else None
+        check_weight_budget(needed, memory_budget_bytes, family.model_name, measured=False)
     engine, dtype, engine_plugin = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
     model = DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens, engine_plugin=engine_plugin)
+    check_weight_budget(model.weight_bytes, memory_budget_bytes, family.model_name, measured=True)
     if close_call_margin is not None:
         reference, label, _ = build_engine("exact", family, target, cache_dir=cache_dir)
         model.confirm_close_calls(close_call_margin, reference, label)

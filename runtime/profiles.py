@@ -78,15 +78,20 @@ def unused_artifact(profile: Profile) -> str | None:
     return f"profile {profile.name} runs no artifact (it runs {profile.engine}): use it with profile {' | '.join(takers)}"
 
 
+def engine_plugin_for(profile_name: str, family: Any, artifact: Any = None) -> str:
+    """The engine plugin a profile runs `family` on, checked: a family's own profiles, an artifact the profile runs."""
+    profile = profile_named(profile_name)
+    if family.profiles is not None and profile.name not in family.profiles:
+        raise InvalidRequest(f"family {family.name} runs profiles {', '.join(family.profiles)}, not {profile.name}")
+    if artifact is not None and (reason := unused_artifact(profile)):
+        raise InvalidRequest(reason)
+    return profile.engine_for(family, artifact)
+
+
 def build_engine(profile_name: str, family: Any, device: Any, **options: Any) -> tuple[Any, str, str]:
     """(engine, numerics label, engine plugin name) for a family under a profile on a device."""
     from vllm_sr_runtime.plugins import plugin
 
-    profile = profile_named(profile_name)
-    if family.profiles is not None and profile.name not in family.profiles:
-        raise InvalidRequest(f"family {family.name} runs profiles {', '.join(family.profiles)}, not {profile.name}")
-    if options.get("artifact") is not None and (reason := unused_artifact(profile)):
-        raise InvalidRequest(reason)
-    engine_name = profile.engine_for(family, options.get("artifact"))
-    engine, label = plugin("engine", engine_name)(family, device, profile, **options)
+    engine_name = engine_plugin_for(profile_name, family, options.get("artifact"))
+    engine, label = plugin("engine", engine_name)(family, device, profile_named(profile_name), **options)
     return engine, label, engine_name

@@ -85,6 +85,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
         threads=args.threads,
         max_queue=args.max_queue,
         max_queued_tokens=args.max_queued_tokens,
+        memory_budget_gib=args.memory_budget,
         max_request_bytes=args.max_request_bytes,
         max_inflight_request_bytes=args.max_inflight_request_bytes,
         max_bundle_tasks=args.max_bundle_tasks,
@@ -161,6 +162,11 @@ def register(sub) -> None:
         "thread of its own, and /health never waits behind them)",
     )  # fmt: skip
     parser.add_argument("--max-queue", type=positive_int, default=ServeConfig.max_queue, help="queued requests per model and worker before 429")
+    parser.add_argument(
+        "--memory-budget", type=positive_float, default=None, metavar="GiB",
+        help="the memory the models' weights may take, all workers together (each worker holds its own copy: it gets its "
+        "share); a model that would pass it fails before its weights load (default: no budget)",
+    )
     parser.add_argument(
         "--max-queued-tokens", type=positive_int, default=ServeConfig.max_queued_tokens, metavar="N",
         help="input tokens of the requests queued per model and worker before 429 (a request alone in the queue is always "

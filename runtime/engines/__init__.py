@@ -33,6 +33,7 @@ class ModelSource(Protocol):
     media_modalities: tuple[tuple[str, str, str], ...]
     reads_media: bool
     export_spec: Any  # None: the family has no exported graphs
+    parameter_count: int | None  # the parameters the model loads, as the package states them (None: unknown)
 
     def numerics(self, device_class: str) -> Any: ...
 

@@ -261,6 +261,11 @@ class Family(ABC):
         return self.causal_attention
 
     @property
+    def parameter_count(self) -> int | None:
+        """The parameters the model loads, as its package states them before any load; None where it does not."""
+        return None
+
+    @property
     def licence(self) -> dict | None:
         """The package's licence as its manifest states it (`{spdx, components}`), None where it states none."""
         return (getattr(self.package, "manifest", None) or {}).get("licence")

@@ -71,6 +71,7 @@ class ServeConfig:
     threads: int | None = None  # request threads per worker; None: request_threads()
     max_queue: int = 256
     max_queued_tokens: int = 4_194_304  # input tokens of the requests a model's queue holds, per worker
+    memory_budget_gib: float | None = None  # the weights every worker's models may hold together; None: no budget
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_inflight_request_bytes: int | None = None  # bodies a worker's requests in flight hold; None: inflight_request_bytes()
     max_bundle_tasks: int = 64  # tasks per POST /v1/bundle
@@ -109,6 +110,12 @@ class ServeConfig:
         """The request-body bytes a worker's requests in flight may hold: by default as many largest bodies as the
         eight request threads held before threads followed the queues."""
         return self.max_inflight_request_bytes or RESERVED_REQUEST_THREADS * self.max_request_bytes
+
+    def worker_weight_budget(self) -> int | None:
+        """The bytes of weights one worker's models may hold: its share of --memory-budget."""
+        if self.memory_budget_gib is None:
+            return None
+        return int(self.memory_budget_gib * 1024**3) // max(1, self.workers)
 
     def queue_capacity(self) -> int:
         """The requests a worker's model queues hold at once."""

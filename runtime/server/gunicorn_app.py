@@ -189,6 +189,7 @@ class ServeApplication(BaseApplication):
         meanwhile. Each worker leaves a mark in `settled_dir` once its models have settled."""
         from vllm_sr_runtime.server.app import create_app
         from vllm_sr_runtime.server.slots import ModelSlot
+        from vllm_sr_runtime.weight_budget import WeightBudget
 
         # gunicorn's own line shape, the worker's pid included: with several workers each line says whose it is
         logging.basicConfig(level=self.config.log_level.upper(), format=WORKER_LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S %z")
@@ -199,8 +200,12 @@ class ServeApplication(BaseApplication):
         replaces_one = worker is not None and worker.age > self.config.workers and ServeApplication.others_at_fork > 0
         started_while_others_serve = replaces_one or ServeApplication.old_master_serves
         names = [spec.served_name() for spec in self.config.models]
+        share = self.config.worker_weight_budget()
+        budget = WeightBudget(share) if share is not None else None  # this worker's models share it
         slots = [
-            ModelSlot(spec, self.config, name, accepts_while_loading=not started_while_others_serve, restart_worker=lambda: _restart(worker))
+            ModelSlot(
+                spec, self.config, name, accepts_while_loading=not started_while_others_serve, restart_worker=lambda: _restart(worker), weight_budget=budget
+            )
             for spec, name in zip(self.config.models, names)
         ]
         ServeApplication.worker_slots = slots

@@ -13,6 +13,7 @@ from vllm_sr_runtime.profiles import profile_named
 from vllm_sr_runtime.server import metrics
 from vllm_sr_runtime.server.config import ModelSpec, ServeConfig
 from vllm_sr_runtime.server.scheduler import Scheduler
+from vllm_sr_runtime.weight_budget import WeightBudget
 
 log = logging.getLogger("vllm_sr_runtime.server")
 WARMUP_QUESTIONS = {"warmup": {"type": "noul", "instructions": "Is this a warm-up request?"}}
@@ -20,12 +21,19 @@ WARMUP_QUESTIONS = {"warmup": {"type": "noul", "instructions": "Is this a warm-u
 
 class ModelSlot:
     def __init__(
-        self, spec: ModelSpec, config: ServeConfig, name: str, accepts_while_loading: bool = True, restart_worker: Callable[[], None] | None = None
+        self,
+        spec: ModelSpec,
+        config: ServeConfig,
+        name: str,
+        accepts_while_loading: bool = True,
+        restart_worker: Callable[[], None] | None = None,
+        weight_budget: WeightBudget | None = None,
     ):
         """`accepts_while_loading`: the worker answers while this model loads, so the server is not ready until it
         is; a worker that loads before it accepts counts only once it does (its siblings serve meanwhile).
         `restart_worker`: called after a device fault (the worker ends once its requests have, and gunicorn starts a
-        new one, with a clean device)."""
+        new one, with a clean device). `weight_budget`: what the worker's models may still hold (--memory-budget),
+        shared by its slots, which load one at a time."""
         self.spec = spec
         self.config = config
         self.name = name
@@ -39,6 +47,7 @@ class ModelSlot:
         self.attempts = 0  # load tries so far
         self.restart_worker = restart_worker or (lambda: None)
         self.restarting = False  # failed by a device fault: this worker's replacement will serve it
+        self.weight_budget = weight_budget
         if accepts_while_loading:
             metrics.READY.labels(model=name).set(0)
 
@@ -89,6 +98,7 @@ class ModelSlot:
             close_call_margin=self.config.close_call_margin if self.profile != "exact" else None,
             allow_approximate_shared_context=self.config.allow_approximate_shared_context,
             accept_licences=self.config.accept_licences,
+            memory_budget_bytes=self.weight_budget.remaining() if self.weight_budget else None,
         )
         model.family.allow_media_urls(tuple(self.config.media_url_allow), self.config.media_url_allow_private, self.config.media_url_timeout_s)
         self.state = "warming"
@@ -100,6 +110,8 @@ class ModelSlot:
         model.golden = verify_golden(model)  # a mismatch fails this model (never retried); the others serve
         if model.golden["status"] != "verified":
             log.warning("model %s: golden answers %s (%s)", self.name, model.golden["status"], model.golden["reason"])
+        if self.weight_budget:  # held by a model that serves, before the next one loads
+            self.weight_budget.hold(model.weight_bytes)
         return model
 
     def _serve(self, model) -> None:

@@ -125,3 +125,29 @@ def build(family: ModelSource, device: Device, profile, *, artifact=None, cache_
     engine.golden = manifest.get("golden")
     engine.model_path = artifact / manifest["model_file"]
     return engine, manifest["dtype"]
+
+
+def expected_weight_bytes(family: ModelSource, device: Device, profile, *, artifact=None, cache_dir=None, **_: object) -> int | None:
+    """Before the sessions open: the graphs `build` opens for the profile and their weight files, as the artifact
+    lists them (the cache's where none is given, once exported), or, to be exported, the package's parameters in
+    FP32. None where neither is known."""
+    if artifact is None:
+        cached = cached_artifact_dir(family, default_variant(device), "fp32", cache_dir)
+        if not (cached / "artifact.json").is_file():
+            count = family.parameter_count
+            return None if count is None else 4 * count
+        artifact = cached
+    try:
+        manifest = read_artifact(Path(artifact))
+    except ArtifactError:
+        return None  # the build names what is wrong with it
+    graphs = [manifest["model_file"]]
+    if profile.shares_prefix and manifest.get("shared_context"):
+        graphs.append(manifest["shared_context"]["model_file"])
+    if media := manifest.get("media"):
+        graphs += [media["vision"]["model_file"], media["text"]["model_file"]]
+    files = manifest.get("files") or {}
+    return sum(int(files.get(name, {}).get("bytes", 0)) for graph in graphs for name in (graph, graph + ".data"))
+
+
+build.expected_weight_bytes = expected_weight_bytes  # type: ignore[attr-defined]

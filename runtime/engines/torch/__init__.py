@@ -74,3 +74,14 @@ def build(family: ModelSource, device, profile, **_: object) -> tuple[TorchEngin
     module = family.build_module(numerics, device.torch_device)
     modalities = family.media_modalities if family.reads_media else ()
     return TorchEngine(module, device.torch_device, family.input_names, family.shared_input_names, modalities), numerics.label
+
+
+def expected_weight_bytes(family: ModelSource, device, profile, **_: object) -> int | None:
+    """Before the module is built: the package's parameters in the dtype the device's numerics policy holds them."""
+    count = family.parameter_count
+    if count is None:
+        return None
+    return count * torch.empty((), dtype=family.numerics(device.device_class).parameter_dtype).element_size()
+
+
+build.expected_weight_bytes = expected_weight_bytes  # type: ignore[attr-defined]

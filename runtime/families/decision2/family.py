@@ -143,6 +143,10 @@ class Decision2Family(Family):
         return cls(ref, pkg.verify(ref.path, base_path=base_path, resolve_base=resolve_base))
 
     @property
+    def parameter_count(self) -> int | None:
+        return self.package.loaded_parameters or None
+
+    @property
     def max_input_tokens(self) -> int:
         return self.package.max_input_tokens
 

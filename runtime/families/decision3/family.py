@@ -201,6 +201,10 @@ class Decision3Family(Family):
         return cls(ref, pkg.verify(ref.path))
 
     @property
+    def parameter_count(self) -> int | None:
+        return self.package.parameters.get("loaded") or None
+
+    @property
     def max_input_tokens(self) -> int:
         return self.package.max_input_tokens
 

@@ -21,10 +21,10 @@ from vllm_sr_runtime.families.answers import error_answer
 from vllm_sr_runtime.families.base import Family, Plan
 from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.interrupts import Interrupt
-from vllm_sr_runtime.plugins import plugin
-from vllm_sr_runtime.profiles import build_engine, engine_plugin_for, profile_named
 from vllm_sr_runtime.packages.licence import check_licence
 from vllm_sr_runtime.packages.resolve import resolve_package
+from vllm_sr_runtime.plugins import plugin
+from vllm_sr_runtime.profiles import build_engine, engine_plugin_for, profile_named
 from vllm_sr_runtime.weight_budget import check_weight_budget
 
 

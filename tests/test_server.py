@@ -82,7 +82,7 @@ def test_meta_and_profiles(servers):
     server = servers[("d3", "max_speed")]
     reply = checked(server, "POST", "/v1/decisions", {"state": STATE, "questions": QUESTIONS, "options": {"return_meta": True, "profile": "max_speed", "deadline_ms": 5000}})
     meta = reply.json()["meta"]
-    assert meta["engine"] == "onnxruntime" and meta["profile"] == "max_speed" and meta["device"] == "cpu"
+    assert meta["engine"] == "onnxruntime" and meta["profile"] == "max_speed" and meta["device"] == "cpu" and meta["accelerator"] == "cpu"
     reply = checked(server, "POST", "/v1/decisions", {"state": STATE, "questions": QUESTIONS, "options": {"profile": "exact"}})
     assert reply.status == 400 and "not enabled" in reply.json()["error"]["message"]
 

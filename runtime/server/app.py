@@ -275,7 +275,7 @@ class Server:
             card = slot.model.card()
             payload["meta"] = {
                 "revision": card.get("revision"), "model_sha256": card["model_sha256"], "profile": options["profile"],
-                "numerics": card["dtype"], "engine": card["engine"], "device": card["device"],
+                "numerics": card["dtype"], "engine": card["engine"], "accelerator": card["accelerator"], "device": card["device"],
                 "queue_ms": round(queue_s * 1000, 3), "compute_ms": round(forward_s * 1000, 3),
                 "cached_questions": cache_hits, "reanswered_questions": reanswered,
             }  # fmt: skip

@@ -283,3 +283,20 @@ def test_a_fixture_replaces_only_what_a_fixture_wrote(tmp_path):
     empty.mkdir()
     (written,) = write_synthetic_package("decision3", empty)
     assert detect_family(written)
+
+
+def test_a_fixtures_weights_get_the_mode_of_its_other_files(tmp_path):
+    """safetensors writes through a private (0600) temporary file: another user serving the package (a service
+    account, OpenShift's arbitrary uid sharing a cache) must still read the weights, as it reads the rest."""
+    import os
+    import stat
+
+    from vllm_sr_runtime.synthetic.writer import write_synthetic_package
+
+    previous = os.umask(0o022)
+    try:
+        package = write_synthetic_package("decision3", tmp_path / "pkg")[0]
+    finally:
+        os.umask(previous)
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in package.iterdir() if path.is_file()}
+    assert {name for name in modes if name.endswith(".safetensors")} and set(modes.values()) == {0o644}, modes

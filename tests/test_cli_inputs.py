@@ -254,6 +254,7 @@ def test_a_models_file_value_that_yaml_does_not_read_as_text_is_refused(tmp_path
     for entry, says in (
         ("revision: 01234567", "entry 0 revision is not text (YAML read it as int 342391): quote it"),
         ("name: yes", "entry 0 name is not text (YAML read it as bool True): quote it"),
+        ("accept_licences: CC-BY-NC-4.0", "entry 0 'accept_licences' must be a list of SPDX ids"),
     ):
         models.write_text(f"models:\n  - model: vllm-sr/d3-nano\n    {entry}\n")
         with pytest.raises(InvalidRequest, match=re.escape(says)):
@@ -261,6 +262,8 @@ def test_a_models_file_value_that_yaml_does_not_read_as_text_is_refused(tmp_path
     models.write_text('models:\n  - model: vllm-sr/d3-nano\n    revision: "01234567"\n    name: "yes"\n')
     [spec] = load_models_file(str(models))
     assert (spec.revision, spec.name) == ("01234567", "yes")
+    models.write_text("models:\n  - model: vllm-sr/d3-nano\n    accept_licences: [CC-BY-NC-4.0]\n")
+    assert load_models_file(str(models))[0].accept_licences == ("CC-BY-NC-4.0",)
 
 
 @pytest.fixture()

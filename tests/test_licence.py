@@ -84,17 +84,19 @@ def test_load_refuses_a_restricted_package_until_its_licence_is_accepted(restric
         vllm_sr_runtime.load(restricted["qwen-research"], accept_licences=["CC-BY-NC-4.0"])
 
 
-def test_serve_loads_the_accepted_licence_and_fails_only_the_other_model(restricted, tmp_path: Path):
+def test_serve_loads_the_accepted_licences_and_fails_only_the_other_model(restricted, tmp_path: Path):
     models = tmp_path / "models.yaml"
+    nc, research = restricted["CC-BY-NC-4.0"], restricted["qwen-research"]
     models.write_text(
-        f"models:\n  - model: {restricted['CC-BY-NC-4.0']}\n    name: accepted\n  - model: {restricted['qwen-research']}\n    name: refused\n"
+        f"models:\n  - model: {nc}\n    name: accepted\n  - model: {research}\n    name: refused\n"
+        f"  - model: {research}\n    name: accepted_here\n    accept_licences: [qwen-research]\n"  # for this model alone
     )
     server = Server(["--models", str(models), "--device", "cpu", "--accept-licence", "CC-BY-NC-4.0"], log=tmp_path / "log")
     try:
         server.wait(503)
         health = server.request("GET", "/health").json()
         assert health["status"] == "degraded", health
-        assert health["models"]["accepted"]["status"] == "ready", health
+        assert health["models"]["accepted"]["status"] == "ready" and health["models"]["accepted_here"]["status"] == "ready", health
         refused = health["models"]["refused"]
         assert refused["status"] == "failed" and "--accept-licence qwen-research" in refused["reason"], refused
         assert "after" not in refused["reason"], refused  # a refusal is not retried

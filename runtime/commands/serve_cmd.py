@@ -139,7 +139,7 @@ def checked_config(args: argparse.Namespace) -> ServeConfig:
 def register(sub) -> None:
     parser = sub.add_parser("serve", help="serve models over HTTP (Falcon under gunicorn, TCP or Unix socket)")
     parser.add_argument("model", nargs="*", help="MODEL[@REV] or package directory (none: a tiny synthetic Decision 3.0 package)")
-    parser.add_argument("--models", help="YAML list of {model, revision, name, device, profile, artifact, base_path}")
+    parser.add_argument("--models", help="YAML list of {model, revision, name, aliases, device, profile, artifact, base_path, accept_licences}")
     parser.add_argument("--device", default=ServeConfig.device, help="auto | cpu | cuda[:N] | rocm[:N] (`vllm-sr-runtime devices` lists them and what auto picks)")
     parser.add_argument(
         "--profile", default=ServeConfig.profile, choices=sorted(installed_profiles()),

@@ -38,6 +38,7 @@ class ModelSpec:
     artifact: str | None = None
     base_path: str | None = None
     aliases: tuple[str, ...] = ()  # more names requests may use for this model
+    accept_licences: tuple[str, ...] = ()  # this model's restricted licences the operator accepts (beside --accept-licence)
 
     def served_name(self) -> str:
         """The name requests use: the spec's name, else the package's model_name (local), else the repo id."""
@@ -145,13 +146,16 @@ def load_models_file(path: str) -> list[ModelSpec]:
         aliases = entry.pop("aliases", None) or []
         if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
             raise InvalidRequest(f"--models {path}: entry {index} 'aliases' must be a list of names")
+        accepted = entry.pop("accept_licences", None) or []
+        if not isinstance(accepted, list) or not all(isinstance(a, str) and a.strip() for a in accepted):
+            raise InvalidRequest(f"--models {path}: entry {index} 'accept_licences' must be a list of SPDX ids")
         for key, value in entry.items():
             if value is not None and not isinstance(value, str):
                 # YAML reads 01234567 as the octal number 342391 and yes as true: only quoted text stays as written
                 raise InvalidRequest(
                     f"--models {path}: entry {index} {key} is not text (YAML read it as {type(value).__name__} {value!r}): quote it, e.g. {key}: \"...\""
                 )
-        specs.append(ModelSpec(**entry, aliases=tuple(aliases)))
+        specs.append(ModelSpec(**entry, aliases=tuple(aliases), accept_licences=tuple(accepted)))
     return specs
 
 

@@ -97,7 +97,7 @@ class ModelSlot:
             shared_min_tokens=self.config.shared_min_tokens,
             close_call_margin=self.config.close_call_margin if self.profile != "exact" else None,
             allow_approximate_shared_context=self.config.allow_approximate_shared_context,
-            accept_licences=self.config.accept_licences,
+            accept_licences=(*self.config.accept_licences, *self.spec.accept_licences),
             memory_budget_bytes=self.weight_budget.remaining() if self.weight_budget else None,
         )
         model.family.allow_media_urls(tuple(self.config.media_url_allow), self.config.media_url_allow_private, self.config.media_url_timeout_s)

@@ -23,9 +23,8 @@ from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.interrupts import Interrupt
 from vllm_sr_runtime.packages.licence import check_licence
 from vllm_sr_runtime.packages.resolve import resolve_package
-from vllm_sr_runtime.plugins import plugin
-from vllm_sr_runtime.profiles import build_engine, engine_plugin_for, profile_named
-from vllm_sr_runtime.weight_budget import check_weight_budget
+from vllm_sr_runtime.profiles import build_engine, profile_named
+from vllm_sr_runtime.weight_budget import check_weight_budget, estimate_weight_bytes
 
 
 @dataclass
@@ -217,10 +216,14 @@ class DecisionModel:
 
     @functools.cached_property
     def weight_bytes(self) -> int | None:
-        """What its engine says its weights take once loaded (None where the engine does not say); measured once, since
-        card() runs for every request that asks for its meta."""
-        report = getattr(self.engine, "weight_bytes", None)
-        return report() if report is not None else None
+        """What its engines say their weights take once loaded: the profile's, and a close-call check's reference
+        (None where the profile's engine does not say); measured once, since card() runs for every request that asks
+        for its meta."""
+        engines = [self.engine, *([self.close_calls.reference] if self.close_calls else [])]
+        reports = [getattr(engine, "weight_bytes", None) for engine in engines]
+        if reports[0] is None:
+            return None
+        return sum(report() for report in reports if report is not None)
 
     def confirm_close_calls(self, margin: float, reference: Any, reference_label: str) -> None:
         """From now on, every answer whose top-two margin is below `margin` is answered again by `reference` (an
@@ -308,13 +311,15 @@ def load(
             "load(..., allow_approximate_shared_context=True)), or use exact, batching or max_speed"
         )
     if memory_budget_bytes is not None:
-        estimate = getattr(plugin("engine", engine_plugin_for(profile, family, artifact)), "expected_weight_bytes", None)
-        needed = estimate(family, target, profile_named(profile), artifact=artifact, cache_dir=cache_dir) if estimate is not None else None
+        needed = estimate_weight_bytes(profile, family, target, artifact=artifact, cache_dir=cache_dir)
+        if close_call_margin is not None and needed is not None:  # the exact engine loads beside it
+            reference_needs = estimate_weight_bytes("exact", family, target, cache_dir=cache_dir)
+            needed = None if reference_needs is None else needed + reference_needs
         check_weight_budget(needed, memory_budget_bytes, family.model_name, measured=False)
     engine, dtype, engine_plugin = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
     model = DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens, engine_plugin=engine_plugin)
-    check_weight_budget(model.weight_bytes, memory_budget_bytes, family.model_name, measured=True)
     if close_call_margin is not None:
         reference, label, _ = build_engine("exact", family, target, cache_dir=cache_dir)
         model.confirm_close_calls(close_call_margin, reference, label)
+    check_weight_budget(model.weight_bytes, memory_budget_bytes, family.model_name, measured=True)
     return model

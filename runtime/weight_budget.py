@@ -5,10 +5,22 @@ is left, and again, released, when what its built engine holds does."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from vllm_sr_runtime.errors import MemoryBudgetExceeded
+from vllm_sr_runtime.plugins import plugin
+from vllm_sr_runtime.profiles import engine_plugin_for, profile_named
 
 GIB = 1024**3
+
+
+def estimate_weight_bytes(profile_name: str, family: Any, device: Any, artifact: Any = None, cache_dir: Any = None) -> int | None:
+    """The weights the profile's engine plugin expects to hold for `family` on `device`, before it is built (its
+    builder's optional `expected_weight_bytes`); None where the plugin does not say."""
+    estimate = getattr(plugin("engine", engine_plugin_for(profile_name, family, artifact)), "expected_weight_bytes", None)
+    if estimate is None:
+        return None
+    return estimate(family, device, profile_named(profile_name), artifact=artifact, cache_dir=cache_dir)
 
 
 def check_weight_budget(needed: int | None, budget: int | None, subject: str, measured: bool) -> None:

@@ -61,3 +61,13 @@ def test_serve_shares_a_workers_budget_among_its_models(packages, tmp_path: Path
         assert left == int(budget_gib * 1024**3) - held, reason  # the worker's budget less the model that loaded
     finally:
         server.stop()
+
+
+def test_a_close_call_checks_exact_engine_counts_in_the_budget(packages, default_artifact):
+    artifact = default_artifact("d3")
+    fast = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=artifact).weight_bytes
+    eager = vllm_sr_runtime.load(packages["d3"]).weight_bytes
+    both = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=artifact, close_call_margin=0.1, memory_budget_bytes=fast + eager)
+    assert both.weight_bytes == fast + eager and both.card()["weight_bytes"] == fast + eager
+    with pytest.raises(MemoryBudgetExceeded, match="estimated before loading"):  # room for the fast engine alone
+        vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=artifact, close_call_margin=0.1, memory_budget_bytes=fast + eager // 2)

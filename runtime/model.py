@@ -57,6 +57,7 @@ class DecisionModel:
         self.result_cache = None  # a ResultCache (the server sets one per loaded model; None: every row is computed)
         self.golden: dict = {"status": "unchecked"}  # what replaying the golden answers found (vllm_sr_runtime.golden.verify_golden)
         self.close_calls: CloseCallCheck | None = None  # answers with a top-two margin below its margin come from the reference
+        self.licence_accepted: list[str] = []  # the restricted licences (SPDX ids) its use rests on, which the caller accepted
         self.answered_questions = 0  # rows computed (not from the result cache)
         self.reanswered_questions = 0  # of those, close calls the reference answered again
 
@@ -204,6 +205,7 @@ class DecisionModel:
             "profile": self.profile,
             "engine": self.engine.name,
             "accelerator": self.device.kind,
+            "licence_accepted": self.licence_accepted,
             "device": self.device.name,
             "dtype": self.dtype,
             "golden": self.golden["status"],
@@ -302,7 +304,7 @@ def load(
     target = parse_device(device)
     ref = resolve_package(package, revision, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
-    check_licence(family.licence, accept_licences, str(ref.path))
+    licence_accepted = check_licence(family.licence, accept_licences, str(ref.path))
     if approximate_by_design(profile, family) and not allow_approximate_shared_context:
         raise InvalidRequest(
             f"profile {profile} is approximate for {family.model_name}: its full-attention layers read the prompt both ways, "
@@ -318,6 +320,7 @@ def load(
         check_weight_budget(needed, memory_budget_bytes, family.model_name, measured=False)
     engine, dtype, engine_plugin = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
     model = DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens, engine_plugin=engine_plugin)
+    model.licence_accepted = licence_accepted
     if close_call_margin is not None:
         reference, label, _ = build_engine("exact", family, target, cache_dir=cache_dir)
         model.confirm_close_calls(close_call_margin, reference, label)

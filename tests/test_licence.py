@@ -51,9 +51,10 @@ def test_a_component_needs_its_own_acceptance_and_the_message_says_which():
         check_licence(licence, [], "pkg")
     assert refused.value.needs == ["CC-BY-NC-4.0"]
     assert "CC-BY-NC-4.0: base" in refused.value.message and "--accept-licence CC-BY-NC-4.0" in refused.value.message
-    check_licence(licence, ["cc-by-nc-4.0"], "pkg")
-    check_licence(licence, "CC-BY-NC-4.0", "pkg")  # one id as a string is one id, not its letters
-    check_licence(None, [], "pkg")  # a package that states no licence is not judged
+    assert check_licence(licence, ["cc-by-nc-4.0", "qwen-research"], "pkg") == ["CC-BY-NC-4.0"]  # what its use rests on
+    assert check_licence(licence, "CC-BY-NC-4.0", "pkg") == ["CC-BY-NC-4.0"]  # one id as a string is one id, not its letters
+    assert check_licence({"spdx": "MIT OR CC-BY-NC-4.0"}, ["CC-BY-NC-4.0"], "pkg") == []  # the free alternative is taken
+    assert check_licence(None, [], "pkg") == []  # a package that states no licence is not judged
 
 
 @pytest.mark.parametrize(
@@ -102,6 +103,8 @@ def test_serve_loads_the_accepted_licences_and_fails_only_the_other_model(restri
         assert "after" not in refused["reason"], refused  # a refusal is not retried
         cards = {card["id"]: card for card in server.request("GET", "/v1/models").json()["data"]}
         assert cards["accepted"]["licence"]["spdx"] == "CC-BY-NC-4.0" and cards["accepted"]["ready"], cards["accepted"]
+        # a router sees which restricted licences the operator accepted for each model
+        assert cards["accepted"]["licence_accepted"] == ["CC-BY-NC-4.0"] and cards["accepted_here"]["licence_accepted"] == ["qwen-research"]
         body = {"state": "Merge two sorted lists.", "questions": {"a": {"type": "noul", "instructions": "Is this about code?"}}}
         assert server.post({**body, "model": "accepted"}).status == 200
         reply = server.post({**body, "model": "refused"})

@@ -95,6 +95,7 @@ def test_models_card_and_health(servers):
     assert len(card["model_sha256"]) == 64
     # the spec's card fields a router checks before it publishes a binding: where it runs, and under what licence
     assert card["accelerator"] == "cpu" and card["licence"] == {"spdx": "Apache-2.0", "components": [{"name": "synthetic weights", "spdx": "Apache-2.0"}]}
+    assert card["licence_accepted"] == []  # an Apache-2.0 package rests on no acceptance
     health = checked(servers[("d3", "exact")], "GET", "/health")
     assert health.status == 200 and health.json()["status"] == "ready"
     assert checked(servers[("d3", "exact")], "GET", "/health/live").json() == {"status": "alive"}

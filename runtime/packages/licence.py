@@ -72,17 +72,20 @@ def needed_acceptances(expression: str, accepted: frozenset[str]) -> frozenset[s
     return needed
 
 
-def check_licence(licence: object, accept: Iterable[str], subject: str) -> None:
+def check_licence(licence: object, accept: Iterable[str], subject: str) -> list[str]:
     """Raise LicenceRefused when `licence` (a manifest's `{spdx, components: [{name, spdx}]}`) needs an acceptance
-    that `accept` (SPDX ids, any case) does not give. A manifest without a licence passes."""
+    that `accept` (SPDX ids, any case) does not give; else return the restricted ids its use rests on, which `accept`
+    gave (none for an unrestricted licence). A manifest without a licence passes."""
     if licence is None:
-        return
+        return []
     accepted = frozenset(item.strip().lower() for item in ([accept] if isinstance(accept, str) else accept))
     parts = licence_parts(licence, subject)
     refused: dict[str, set[str]] = {}
+    relied_on: set[str] = set()
     for name, expression in parts:
         try:
             needed = needed_acceptances(expression, accepted)
+            relied_on |= needed_acceptances(expression, frozenset()) - needed
         except ValueError as exc:
             raise PackageError(f"its manifest's licence cannot be read: {exc}", subject) from None
         for identifier in needed:
@@ -96,6 +99,7 @@ def check_licence(licence: object, accept: Iterable[str], subject: str) -> None:
             subject,
             sorted(refused),
         )
+    return sorted(relied_on)
 
 
 def licence_parts(licence: object, subject: str) -> list[tuple[str, str]]:

@@ -267,8 +267,17 @@ def test_fp16_portable_graph_runs_on_cpu_like_exact(packages, models, tmp_path):
     assert not any(key.startswith("com.microsoft::") for key in manifest["op_counts"])
     assert manifest["smoke"]["ran"] and manifest["smoke_parity"]["decisions_changed"] == 0 and manifest["smoke_parity"]["max_abs_diff"] <= 1e-2
     question = {"q": {"type": "noul", "instructions": "Code?"}}
-    fast = vllm_sr_runtime.load(packages["d2_qwen3_5"], profile="max_speed", artifact=out).ask("Merge two sorted lists.", question)
+    model = vllm_sr_runtime.load(packages["d2_qwen3_5"], profile="max_speed", artifact=out)
+    fast = model.ask("Merge two sorted lists.", question)
     assert abs(fast["q"]["noul"] - models("d2_qwen3_5").ask("Merge two sorted lists.", question)["q"]["noul"]) <= 1e-2
+    # the memory budget's estimate counts every length's graph, each with its own weights (on the CPU they open as
+    # rows first need their length: the one question above opened one)
+    from vllm_sr_runtime.engines.onnxruntime.builder import expected_weight_bytes
+    from vllm_sr_runtime.profiles import profile_named
+
+    files, graphs = manifest["files"], {graph["model_file"] for graph in manifest["buckets"]["graphs"]}
+    every = sum(files[name]["bytes"] for graph in graphs for name in (graph, graph + ".data") if name in files)
+    assert len(graphs) > 1 and expected_weight_bytes(model.family, model.device, profile_named("max_speed"), artifact=out) == every > model.weight_bytes
     with pytest.raises(ArtifactError, match="contrib variant"):
         export_package(packages["d2_qwen3_5"], tmp_path / "portable-bf16", variant="portable", dtype="bf16", progress=False)
 

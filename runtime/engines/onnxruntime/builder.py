@@ -142,6 +142,8 @@ def expected_weight_bytes(family: ModelSource, device: Device, profile, *, artif
     except ArtifactError:
         return None  # the build names what is wrong with it
     graphs = [manifest["model_file"]]
+    if buckets := manifest.get("buckets"):  # every length's graph holds its own weights (on the CPU, opened on first use)
+        graphs = sorted({graph["model_file"] for graph in buckets["graphs"]} | set(graphs))
     if profile.shares_prefix and manifest.get("shared_context"):
         graphs.append(manifest["shared_context"]["model_file"])
     if media := manifest.get("media"):

@@ -61,13 +61,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print(
         f"ok: {family.name} {package.model_name} ({origin}) model_sha256={package.model_sha256} "
         f"max_input_tokens={family.max_input_tokens} verification={'pinned' if ref.repo_id else 'local'} "
-        f"licence={licence['spdx'] if isinstance(licence, dict) else licence}"
+        f"licence={licence['spdx'] if isinstance(licence, dict) else licence} {eager_weights(family)}"
     )
     try:
         check_licence(licence, (), origin)
     except LicenceRefused as exc:
         print(f"note: serve, bench and parity need {' '.join(f'--accept-licence {needed}' for needed in exc.needs)} to use it")
     return 0
+
+
+def eager_weights(family) -> str:
+    """What the exact profile's weights take per device class (for --memory-budget), as `parameters=N eager_weights=..`."""
+    from vllm_sr_runtime.engines.torch import parameter_bytes
+    from vllm_sr_runtime.weight_budget import size
+
+    count = family.parameter_count
+    if count is None:
+        return "parameters=unknown"
+    sizes = ", ".join(
+        f"{device_class} {family.numerics(device_class).label} {size(parameter_bytes(family, device_class))}"
+        for device_class in family.numerics_policy
+    )
+    return f"parameters={count} eager_weights=({sizes})"
 
 
 def cmd_models(args: argparse.Namespace) -> int:

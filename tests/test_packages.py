@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import filecmp
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -181,6 +182,12 @@ def test_verify_cli_summary_and_failure(packages, tmp_path):
     ok = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "verify", str(packages["d3"])], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.count("\n") == 1 and ok.stdout.startswith("ok: decision3")
+    # what the eager weights take per device class, for --memory-budget: the card's weight_bytes on the CPU
+    held = vllm_sr_runtime.load(packages["d3"]).card()
+    assert f"parameters={held['parameters']} " in ok.stdout, ok.stdout
+    cpu = int(re.search(r"cpu fp32 [0-9.]+ GiB \(([0-9,]+) bytes\)", ok.stdout).group(1).replace(",", ""))
+    gpu = int(re.search(r"gpu bf16 [0-9.]+ GiB \(([0-9,]+) bytes\)", ok.stdout).group(1).replace(",", ""))
+    assert abs(cpu - held["weight_bytes"]) <= 0.02 * held["weight_bytes"] and gpu * 2 == cpu, ok.stdout
     pkg = copy_package(packages["d3"], tmp_path / "d3")
     flip_byte(pkg / "tokenizer.json")
     bad = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "verify", str(pkg)], capture_output=True, text=True)

@@ -78,10 +78,15 @@ def build(family: ModelSource, device, profile, **_: object) -> tuple[TorchEngin
 
 def expected_weight_bytes(family: ModelSource, device, profile, **_: object) -> int | None:
     """Before the module is built: the package's parameters in the dtype the device's numerics policy holds them."""
+    return parameter_bytes(family, device.device_class)
+
+
+def parameter_bytes(family: ModelSource, device_class: str) -> int | None:
+    """The package's parameters in the dtype the family's numerics policy holds them on a device class (cpu | gpu)."""
     count = family.parameter_count
     if count is None:
         return None
-    return count * torch.empty((), dtype=family.numerics(device.device_class).parameter_dtype).element_size()
+    return count * torch.empty((), dtype=family.numerics(device_class).parameter_dtype).element_size()
 
 
 build.expected_weight_bytes = expected_weight_bytes  # type: ignore[attr-defined]

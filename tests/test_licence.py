@@ -54,6 +54,10 @@ def test_a_component_needs_its_own_acceptance_and_the_message_says_which():
     assert check_licence(licence, ["cc-by-nc-4.0", "qwen-research"], "pkg") == ["CC-BY-NC-4.0"]  # what its use rests on
     assert check_licence(licence, "CC-BY-NC-4.0", "pkg") == ["CC-BY-NC-4.0"]  # one id as a string is one id, not its letters
     assert check_licence({"spdx": "MIT OR CC-BY-NC-4.0"}, ["CC-BY-NC-4.0"], "pkg") == []  # the free alternative is taken
+    # of an OR, the alternative the acceptances cover is the one its use rests on, not the one that would need fewest
+    either = {"spdx": "CC-BY-NC-4.0 OR (qwen-research AND apple-amlr)"}
+    assert check_licence(either, ["qwen-research", "apple-amlr"], "pkg") == ["apple-amlr", "qwen-research"]
+    assert check_licence(either, ["CC-BY-NC-4.0"], "pkg") == ["CC-BY-NC-4.0"]
     assert check_licence(None, [], "pkg") == []  # a package that states no licence is not judged
 
 

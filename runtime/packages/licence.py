@@ -21,9 +21,20 @@ def is_restricted(licence_id: str) -> bool:
 
 
 def needed_acceptances(expression: str, accepted: frozenset[str]) -> frozenset[str]:
-    """The restricted licence ids (as `expression` spells them) that using `expression` still needs accepted: an AND needs every
-    part, an OR the alternative that needs the fewest (an OR with one unrestricted alternative needs nothing).
-    `accepted` holds lower-case ids. Raises ValueError on an expression that does not parse."""
+    """The restricted licence ids (as `expression` spells them) that using `expression` still needs accepted: an AND
+    needs every part, an OR the alternative that needs the fewest (an OR with one unrestricted alternative needs
+    nothing). `accepted` holds lower-case ids. Raises ValueError on an expression that does not parse."""
+    return unaccepted(restricted_ids(expression, accepted), accepted)
+
+
+def unaccepted(ids: frozenset[str], accepted: frozenset[str]) -> frozenset[str]:
+    return frozenset(identifier for identifier in ids if identifier.lower() not in accepted)
+
+
+def restricted_ids(expression: str, accepted: frozenset[str]) -> frozenset[str]:
+    """The restricted licence ids (accepted or not) of the terms using `expression` rests on: every part of an AND,
+    and of an OR the alternative that needs the fewest acceptances beyond `accepted` (then the fewest restricted
+    ids). Raises ValueError on an expression that does not parse."""
     tokens = re.findall(r"\(|\)|[^\s()]+", expression)
     position = 0
 
@@ -42,7 +53,7 @@ def needed_acceptances(expression: str, accepted: frozenset[str]) -> frozenset[s
         while (peek() or "").upper() == "OR":
             take()
             options.append(conjunction())
-        return min(options, key=len)
+        return min(options, key=lambda ids: (len(unaccepted(ids, accepted)), len(ids)))
 
     def conjunction() -> frozenset[str]:
         needed = single()
@@ -64,12 +75,12 @@ def needed_acceptances(expression: str, accepted: frozenset[str]) -> frozenset[s
             take()
             take()
         identifier = token.rstrip("+")
-        return frozenset({identifier}) if is_restricted(identifier) and identifier.lower() not in accepted else frozenset()
+        return frozenset({identifier}) if is_restricted(identifier) else frozenset()
 
-    needed = alternatives()
+    ids = alternatives()
     if position != len(tokens):
         raise ValueError(f"licence expression {expression!r}: unexpected {tokens[position]!r}")
-    return needed
+    return ids
 
 
 def check_licence(licence: object, accept: Iterable[str], subject: str) -> list[str]:
@@ -84,10 +95,11 @@ def check_licence(licence: object, accept: Iterable[str], subject: str) -> list[
     relied_on: set[str] = set()
     for name, expression in parts:
         try:
-            needed = needed_acceptances(expression, accepted)
-            relied_on |= needed_acceptances(expression, frozenset()) - needed
+            ids = restricted_ids(expression, accepted)
         except ValueError as exc:
             raise PackageError(f"its manifest's licence cannot be read: {exc}", subject) from None
+        needed = unaccepted(ids, accepted)
+        relied_on |= ids - needed
         for identifier in needed:
             refused.setdefault(identifier, set()).add(name)
     if refused:

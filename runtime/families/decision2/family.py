@@ -287,7 +287,7 @@ class Decision2Family(Family):
             {
                 "backbone": self.package.backbone_type,
                 "profile_kind": self.package.profile,
-                "parameters": self.package.loaded_parameters,
+                "parameters": self.parameter_count,
                 "question_types": ["choice", "noul", "score"],
                 "modalities": ["text"],
             }

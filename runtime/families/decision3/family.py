@@ -359,7 +359,7 @@ class Decision3Family(Family):
             {
                 "repo": self.package.repo_id,
                 "attention_mode": self.package.attention_mode,
-                "parameters": self.package.parameters["loaded"],
+                "parameters": self.parameter_count,
                 "question_types": ["choice", "noul", "score"],
                 "modalities": ["text", "image", "video"] if self.reads_media else ["text"],
             }

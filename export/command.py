@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
             if checked["close_call_margin"]:
                 print(
                     f"close calls: a decision can change only where int8's top-two margin is at most 2 x its max |dp|; `serve --close-call-margin "
-                    f"{checked['close_call_margin']:.2g}` answers those (on traffic that int8 moves no more than the calibration questions) with exact"
+                    f"{checked['close_call_margin']:.2g}` answers those (on traffic that int8 moves no more than the calibration questions) with exact; "
+                    "`--close-call-margin artifact` reads this margin from artifact.json"
                 )
         if not measured["calibration"].get("file"):
             print(

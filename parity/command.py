@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from vllm_sr_runtime.cli_options import add_licence_option, add_quiet_option, add_source_options
-from vllm_sr_runtime.cli_values import fraction
+from vllm_sr_runtime.cli_values import close_call_margin, fraction
 from vllm_sr_runtime.defaults import DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.profiles import installed_profiles, profile_named, unused_artifact
 
@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     )  # measuring how far an approximate profile answers is what parity is for
     if args.close_call_margin is not None:
         candidate.confirm_close_calls(args.close_call_margin, reference.engine, reference.dtype)  # one eager model serves both
+        if candidate.close_calls is None:
+            print("close calls: the artifact's int8 graph moved no calibration answer (no margin recorded): none answered again")
     noise = None
     if args.weight_noise:
         from vllm_sr_runtime.parity.weight_noise import perturb_like_int8
@@ -89,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     if args.profile == "shared_context":
         print(f"{candidate.shared_questions} of {summary['questions']} questions ran from a shared prefix")
     if candidate.close_calls:
-        print(f"close calls (margin < {args.close_call_margin}): {candidate.reanswered_questions} of {candidate.answered_questions} answers given again by exact")
+        whose = ", the artifact's" if candidate.close_calls.margin_from == "artifact" else ""
+        print(f"close calls (margin < {candidate.close_calls.margin:.3g}{whose}): {candidate.reanswered_questions} of {candidate.answered_questions} answers given again by exact")
     for failure in failed:
         print(f"gate failed: {failure}", file=sys.stderr)
     applied = ", ".join(f"{name.replace('_', ' ')} <= {value:g}" for name, value in chosen.items() if value is not None)
@@ -119,9 +122,9 @@ def register(sub) -> None:
     parser.add_argument("--weight-noise-factor", type=float, default=1.0, help="--weight-noise: noise RMS as a multiple of int8's rounding error")
     parser.add_argument("--shared-min-tokens", type=int, default=DEFAULT_MIN_SAVED_TOKENS, help="shared_context: break-even, (questions - 1) x prefix tokens")
     parser.add_argument(
-        "--close-call-margin", type=float, metavar="M",
+        "--close-call-margin", type=close_call_margin, metavar="M|artifact",
         help="the candidate answers again with exact every question whose top-two margin is below M, as `serve --close-call-margin` "
-        "does; parity.json records how many (close_calls)",
+        "does; parity.json records how many (close_calls); artifact: the margin the int8 artifact's export measured",
     )  # fmt: skip
     parser.add_argument("--device", default="cpu", help="cpu, cuda[:N], rocm[:N] or auto (both profiles run there)")
     add_source_options(parser)

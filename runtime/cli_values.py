@@ -32,6 +32,20 @@ non_negative_float = ranged(float, 0)
 fraction = ranged(float, 0, 1)
 
 
+def close_call_margin(text: str) -> float | str:
+    """--close-call-margin: a number in (0, 1], or "artifact" (the margin the artifact's int8 export measured;
+    the same word as close_calls.RECORDED, spelled here so that parsing imports nothing heavy)."""
+    if text.strip().lower() == "artifact":
+        return "artifact"
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1] or 'artifact' (the margin the int8 artifact's export measured), not {text!r}")
+    return value
+
+
 def counts(text: str) -> list[int]:
     """A comma list of whole numbers >= 1 ("64,128,512")."""
     values = [positive_int(part.strip()) for part in text.split(",") if part.strip()]

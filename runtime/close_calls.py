@@ -13,18 +13,51 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vllm_sr_runtime.errors import InvalidRequest
+from vllm_sr_runtime.errors import ArtifactError, InvalidRequest
 from vllm_sr_runtime.families.answers import answer_distribution, top_margin
 from vllm_sr_runtime.families.base import Batch, Family
 from vllm_sr_runtime.interrupts import Interrupt
 
 
-def check_margin(margin: float, profile: str) -> None:
-    """Refuses a margin outside (0, 1] and profile exact (whose answers are the reference's already)."""
-    if not 0.0 < margin <= 1.0:
-        raise InvalidRequest(f"close_call_margin must be in (0, 1], not {margin}")
+RECORDED = "artifact"  # a close_call_margin that says: the margin the artifact's int8 export measured
+
+
+def check_margin(margin: float | str, profile: str) -> None:
+    """Refuses a margin outside (0, 1] (or other than RECORDED) and profile exact (whose answers are the reference's
+    already)."""
+    if margin != RECORDED and (isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 < margin <= 1.0):
+        raise InvalidRequest(f"close_call_margin must be in (0, 1] or {RECORDED!r}, not {margin!r}")
     if profile == "exact":
         raise InvalidRequest("close_call_margin answers close calls again with profile exact: it applies to the other profiles")
+
+
+def resolve_margin(margin: float | str, engine: Any, profile: str) -> float | None:
+    """The margin to serve with: a number as given; RECORDED: the one the engine's artifact recorded when its int8
+    export ran the finished graph on its calibration questions (2 x the largest probability it moved there,
+    `int8.measured.calibration_parity.close_call_margin`; None when it moved none: nothing to answer again).
+    Refused (ArtifactError) where the engine runs no artifact or its export measured no margin."""
+    if margin != RECORDED:
+        return float(margin)
+    manifest = getattr(engine, "artifact", None)
+    if manifest is None:
+        raise InvalidRequest(
+            f"close_call_margin {RECORDED!r} reads the margin an int8 artifact's export measured, and profile {profile} runs no "
+            "artifact here: give the margin as a number"
+        )
+    measured = (manifest.get("int8") or {}).get("measured")
+    checked = measured.get("calibration_parity") if measured else None
+    if not checked:
+        why = (
+            f"it is {manifest.get('dtype')}" if manifest.get("dtype") != "int8"
+            else "its export kept the fixed rule (--int8-fp32 rule) and measured nothing" if not measured
+            else "its export ran no ONNX Runtime session on its calibration questions (smoke parity off or no room)"
+        )
+        raise ArtifactError(
+            f"close_call_margin {RECORDED!r}: this artifact records no measured close-call margin ({why}); export it with "
+            "--dtype int8 (the measured default, with its smoke phase) or give the margin as a number (`parity` on your "
+            "own suite reports the largest move: 2 x its max |dp|)"
+        )
+    return checked["close_call_margin"]
 
 
 def margin_for(max_abs_diff: float) -> float | None:
@@ -63,6 +96,7 @@ class CloseCallCheck:
     reference: Any  # the reference engine (the `exact` profile's, same family and device)
     reference_label: str  # its numerics (e.g. fp32)
     budget_tokens: int  # padded tokens per reference pass when close rows are packed anew
+    margin_from: str = "given"  # "given", or RECORDED: what the artifact's export measured
 
     def is_close(self, answer: dict) -> bool:
         """A close call, or an answer the fast engine could not give (non-finite scores): the reference answers it."""
@@ -95,4 +129,4 @@ class CloseCallCheck:
         return [(item, again.get(index, given), index in again) for index, (item, given) in enumerate(answered)]
 
     def describe(self) -> dict:
-        return {"margin": self.margin, "reference": f"exact ({self.reference_label})"}
+        return {"margin": self.margin, "margin_from": self.margin_from, "reference": f"exact ({self.reference_label})"}

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_sr_runtime.close_calls import CloseCallCheck, check_margin, engine_outputs
+from vllm_sr_runtime.close_calls import RECORDED, CloseCallCheck, check_margin, engine_outputs, resolve_margin
 from vllm_sr_runtime.defaults import DEFAULT_BATCH_TOKENS, DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.devices import Device, parse_device
 from vllm_sr_runtime.errors import InvalidRequest
@@ -227,11 +227,19 @@ class DecisionModel:
             return None
         return sum(report() for report in reports if report is not None)
 
-    def confirm_close_calls(self, margin: float, reference: Any, reference_label: str) -> None:
-        """From now on, every answer whose top-two margin is below `margin` is answered again by `reference` (an
-        engine of the `exact` profile for this model's family and device)."""
+    def close_call_margin(self, margin: float | str) -> float | None:
+        """The margin `confirm_close_calls` would serve with: `margin` itself, or for "artifact" the one this
+        model's artifact recorded (None: its int8 graph moved no calibration answer, so there is nothing to confirm)."""
         check_margin(margin, self.profile)
-        self.close_calls = CloseCallCheck(margin, reference, reference_label, DEFAULT_BATCH_TOKENS)
+        return resolve_margin(margin, self.engine, self.profile)
+
+    def confirm_close_calls(self, margin: float | str, reference: Any, reference_label: str) -> None:
+        """From now on, every answer whose top-two margin is below `margin` is answered again by `reference` (an
+        engine of the `exact` profile for this model's family and device). `margin` "artifact": the margin the
+        artifact's int8 export measured (see close_calls.resolve_margin)."""
+        value = self.close_call_margin(margin)
+        if value is not None:
+            self.close_calls = CloseCallCheck(value, reference, reference_label, DEFAULT_BATCH_TOKENS, "artifact" if margin == RECORDED else "given")
 
     def plugins(self) -> dict[str, dict]:
         """The plugins this model runs on, each with the distribution that registers it."""
@@ -282,7 +290,7 @@ def load(
     offline: bool | None = None,
     base_path: str | os.PathLike | None = None,
     shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS,
-    close_call_margin: float | None = None,
+    close_call_margin: float | str | None = None,
     allow_approximate_shared_context: bool = False,
     accept_licences: Iterable[str] = (),
     memory_budget_bytes: int | None = None,
@@ -290,7 +298,8 @@ def load(
     """Resolve and verify a package, build the profile's engine, return a model with `ask(state, questions)`.
 
     `close_call_margin` (profiles other than exact): every answer whose top-two probability margin is below it is
-    answered again by the `exact` profile's engine, loaded beside the profile's (its memory too).
+    answered again by the `exact` profile's engine, loaded beside the profile's (its memory too); "artifact" takes the
+    margin the artifact's int8 export measured on its calibration questions (refused where it recorded none).
     `allow_approximate_shared_context`: load profile shared_context for a family whose attention reads the prompt
     both ways (Decision 3.0's non-causal packages), whose answers then differ from exact by design; refused otherwise.
     `accept_licences`: SPDX ids of non-commercial or research licences the caller may use; a package whose
@@ -321,7 +330,7 @@ def load(
     engine, dtype, engine_plugin = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
     model = DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens, engine_plugin=engine_plugin)
     model.licence_accepted = licence_accepted
-    if close_call_margin is not None:
+    if close_call_margin is not None and model.close_call_margin(close_call_margin) is not None:  # refused before exact loads
         reference, label, _ = build_engine("exact", family, target, cache_dir=cache_dir)
         model.confirm_close_calls(close_call_margin, reference, label)
     check_weight_budget(model.weight_bytes, memory_budget_bytes, family.model_name, measured=True)

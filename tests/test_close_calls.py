@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import vllm_sr_runtime
-from vllm_sr_runtime.close_calls import margin_for
-from vllm_sr_runtime.errors import InvalidRequest
+from vllm_sr_runtime.close_calls import margin_for, resolve_margin
+from vllm_sr_runtime.errors import ArtifactError, InvalidRequest
 from vllm_sr_runtime.families.answers import answer_distribution, top_margin
 from vllm_sr_runtime.synthetic.writer import write_synthetic_package
 from server_harness import Contract, Server
@@ -108,6 +109,64 @@ def test_the_server_reports_the_close_calls_it_answered_again(packages, models, 
         counted = [line for line in metrics.splitlines() if line.startswith("vllm_sr_runtime_close_call_reanswers_total{")]
         assert len(counted) == 1 and float(counted[0].rsplit(" ", 1)[1]) == len(QUESTIONS)
         card = json.loads(server.request("GET", "/v1/models").body)["data"][0]
-        assert card["close_calls"] == {"margin": 1.0, "reference": "exact (fp32)"}
+        assert card["close_calls"] == {"margin": 1.0, "margin_from": "given", "reference": "exact (fp32)"}
     finally:
         server.stop()
+
+
+def int8_manifest(measured: dict | None, dtype: str = "int8") -> dict:
+    return {"dtype": dtype, "int8": {"measured": measured} if dtype == "int8" else None}
+
+
+def test_the_artifact_margin_is_the_one_its_int8_export_measured_and_refused_where_none_was():
+    """close_call_margin "artifact": the calibration parity's recorded margin; refused, with why and what to do,
+    for an fp32 artifact, the fixed rule (nothing measured), an export that ran no session, and an eager engine."""
+    measured = {"calibration_parity": {"max_abs_diff": 0.021, "close_call_margin": 0.042}}
+    assert resolve_margin("artifact", SimpleNamespace(artifact=int8_manifest(measured)), "max_speed") == 0.042
+    assert resolve_margin(0.2, SimpleNamespace(artifact=int8_manifest(measured)), "max_speed") == 0.2  # a number wins
+    still = {"calibration_parity": {"max_abs_diff": 0.0, "close_call_margin": None}}
+    assert resolve_margin("artifact", SimpleNamespace(artifact=int8_manifest(still)), "max_speed") is None  # moved nothing
+    for manifest, why in (
+        (int8_manifest(None, dtype="fp32"), "it is fp32"),
+        (int8_manifest(None), "--int8-fp32 rule"),
+        (int8_manifest({"calibration_parity": None}), "ran no ONNX Runtime session"),
+    ):
+        with pytest.raises(ArtifactError, match="records no measured close-call margin") as refused:
+            resolve_margin("artifact", SimpleNamespace(artifact=manifest), "max_speed")
+        assert why in str(refused.value) and "give the margin as a number" in str(refused.value)
+    with pytest.raises(InvalidRequest, match="profile batching runs no artifact"):
+        resolve_margin("artifact", SimpleNamespace(), "batching")
+
+
+def test_a_models_file_sets_each_models_margin_and_an_artifact_without_one_fails_that_model(packages, default_artifact, tmp_path):
+    """--models close_call_margin: a number for one model (every answer of margin 1 is a close call), none for
+    another, and "artifact" on an fp32 artifact fails that model alone, not retried, saying why."""
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        f"models:\n  - model: {packages['d3']}\n    name: checked\n    profile: batching\n    close_call_margin: 1\n"
+        f"  - model: {packages['d3']}\n    name: plain\n    profile: batching\n"
+        f"  - model: {packages['d3']}\n    name: fp32\n    profile: max_speed\n    artifact: {default_artifact('d3')}\n    close_call_margin: artifact\n"
+    )
+    server = Server(["--models", str(models), "--device", "cpu"], log=tmp_path / "log")
+    try:
+        server.wait(503)
+        health = server.request("GET", "/health").json()
+        refused = health["models"]["fp32"]
+        assert refused["status"] == "failed" and "records no measured close-call margin (it is fp32)" in refused["reason"], refused
+        assert "after" not in refused["reason"], refused  # not retried
+        cards = {card["id"]: card for card in server.request("GET", "/v1/models").json()["data"]}
+        assert cards["checked"]["close_calls"] == {"margin": 1.0, "margin_from": "given", "reference": "exact (fp32)"}
+        assert cards["plain"]["close_calls"] is None
+        for name, again in (("checked", len(QUESTIONS)), ("plain", 0)):
+            reply = server.post({"model": name, "state": STATE, "questions": QUESTIONS, "options": {"return_meta": True}})
+            assert reply.status == 200 and reply.json()["meta"]["reanswered_questions"] == again, (name, reply.body)
+    finally:
+        server.stop()
+    bad = tmp_path / "bad.yaml"
+    for value, said in (("2", "not '2'"), ("yes", "not 'True'"), ("somewhere", "not 'somewhere'")):
+        bad.write_text(f"models:\n  - model: {packages['d3']}\n    profile: batching\n    close_call_margin: {value}\n")
+        done = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "serve", "--models", str(bad)], capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and "close_call_margin" in done.stderr and said in done.stderr, done.stderr
+    bad.write_text(f"models:\n  - model: {packages['d3']}\n    profile: exact\n    close_call_margin: 0.1\n")
+    done = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "serve", "--models", str(bad)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "profile exact" in done.stderr, done.stderr

@@ -202,6 +202,9 @@ def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_
     # the close-call margin that keeps every decision of those questions exact's: twice the largest move
     assert checked["close_call_margin"] == pytest.approx(2 * worst, rel=1e-3, abs=1e-6)
     assert f"serve --close-call-margin {checked['close_call_margin']:.2g}" in result.stdout
+    # close_call_margin "artifact" serves with that margin (which answers it replaces: test_close_calls)
+    confirmed = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=tmp_path / "measured", close_call_margin="artifact")
+    assert confirmed.card()["close_calls"]["margin"] == checked["close_call_margin"] and confirmed.card()["close_calls"]["margin_from"] == "artifact"
     # the harmful ones in the block form first (one MatMulNBits each), FP32 where that missed the target
     fused, nbits = "com.microsoft::MatMulIntegerToFloat", "com.microsoft::MatMulNBits"
     assert measured["blocked"] and not set(measured["blocked"]) & set(measured["kept"])

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from vllm_sr_runtime.cli_options import add_licence_option, add_source_options
-from vllm_sr_runtime.cli_values import non_negative_float, non_negative_int, port, positive_float, positive_int, ranged
+from vllm_sr_runtime.cli_values import close_call_margin, non_negative_float, non_negative_int, port, positive_float, positive_int, ranged
 from vllm_sr_runtime.profiles import installed_profiles
 from vllm_sr_runtime.server.config import MAX_DEADLINE_MS, ModelSpec, ServeConfig, check_names, checked_uds_path, load_models_file
 from vllm_sr_runtime.server.preflight import check_models
@@ -67,10 +67,10 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
     check_names(specs)
     if args.uds:
         checked_uds_path(args.uds)
-    if args.close_call_margin is not None:
-        # close_calls.check_margin's range, checked here without importing it: it reaches torch, which serve's master never imports
-        if not 0.0 < args.close_call_margin <= 1.0:
-            raise ValueError(f"--close-call-margin must be in (0, 1], not {args.close_call_margin}")
+    for spec in specs:
+        if spec.close_call_margin is not None and (spec.profile or args.profile) == "exact":
+            raise ValueError(f"--models: {spec.served_name()} has a close_call_margin and profile exact, whose answers are the reference's: give it another profile")
+    if args.close_call_margin is not None:  # its range: checked by its argparse type
         if all((spec.profile or args.profile) == "exact" for spec in specs):
             raise ValueError("--close-call-margin answers close calls again with profile exact: serve another profile (e.g. --profile max_speed)")
     return ServeConfig(
@@ -139,7 +139,7 @@ def checked_config(args: argparse.Namespace) -> ServeConfig:
 def register(sub) -> None:
     parser = sub.add_parser("serve", help="serve models over HTTP (Falcon under gunicorn, TCP or Unix socket)")
     parser.add_argument("model", nargs="*", help="MODEL[@REV] or package directory (none: a tiny synthetic Decision 3.0 package)")
-    parser.add_argument("--models", help="YAML list of {model, revision, name, aliases, device, profile, artifact, base_path, accept_licences}")
+    parser.add_argument("--models", help="YAML list of {model, revision, name, aliases, device, profile, artifact, base_path, accept_licences, close_call_margin}")
     parser.add_argument("--device", default=ServeConfig.device, help="auto | cpu | cuda[:N] | rocm[:N] (`vllm-sr-runtime devices` lists them and what auto picks)")
     parser.add_argument(
         "--profile", default=ServeConfig.profile, choices=sorted(installed_profiles()),
@@ -207,10 +207,11 @@ def register(sub) -> None:
         help="shared_context: share a request's prefix only when (questions - 1) x prefix tokens reaches this",
     )  # fmt: skip
     parser.add_argument(
-        "--close-call-margin", type=float, default=None, metavar="M",
+        "--close-call-margin", type=close_call_margin, default=None, metavar="M|artifact",
         help="profiles other than exact: answer again with exact (loaded beside, its memory too) every question whose "
         "top-two probability margin is below M, so a faster graph's rounding cannot turn a close call around "
-        "(meta.reanswered_questions and /metrics count them)",
+        "(meta.reanswered_questions and /metrics count them); artifact: the margin each model's int8 export measured "
+        "on its calibration questions (a model whose artifact recorded none fails to load); close_call_margin in --models sets one model's",
     )  # fmt: skip
     parser.add_argument(
         "--allow-approximate-shared-context", action="store_true",

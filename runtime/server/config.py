@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from vllm_sr_runtime.cli_values import close_call_margin
 from vllm_sr_runtime.defaults import DEFAULT_BATCH_REQUESTS, DEFAULT_BATCH_TOKENS, DEFAULT_MIN_SAVED_TOKENS
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.packages.resolve import parse_model_ref
@@ -39,6 +41,7 @@ class ModelSpec:
     base_path: str | None = None
     aliases: tuple[str, ...] = ()  # more names requests may use for this model
     accept_licences: tuple[str, ...] = ()  # this model's restricted licences the operator accepts (beside --accept-licence)
+    close_call_margin: float | str | None = None  # this model's (a number or "artifact"), instead of --close-call-margin
 
     def served_name(self) -> str:
         """The name requests use: the spec's name, else the package's model_name (local), else the repo id."""
@@ -82,7 +85,7 @@ class ServeConfig:
     max_batch_tokens: int = DEFAULT_BATCH_TOKENS
     max_batch_requests: int = DEFAULT_BATCH_REQUESTS
     shared_min_tokens: int = DEFAULT_MIN_SAVED_TOKENS
-    close_call_margin: float | None = None  # answers below this top-two margin come again from exact (profiles but exact)
+    close_call_margin: float | str | None = None  # answers below this top-two margin come again from exact (profiles but exact); "artifact": the artifact's measured one
     allow_approximate_shared_context: bool = False  # shared_context for models where it is not exact (non-causal)
     media_url_allow: tuple[str, ...] = ()  # hosts whose http(s) media URLs may be fetched; empty: none
     media_url_allow_private: bool = False
@@ -149,13 +152,19 @@ def load_models_file(path: str) -> list[ModelSpec]:
         accepted = entry.pop("accept_licences", None) or []
         if not isinstance(accepted, list) or not all(isinstance(a, str) and a.strip() for a in accepted):
             raise InvalidRequest(f"--models {path}: entry {index} 'accept_licences' must be a list of SPDX ids")
+        margin = entry.pop("close_call_margin", None)
+        if margin is not None:
+            try:
+                margin = close_call_margin(str(margin) if isinstance(margin, (int, float, str)) and not isinstance(margin, bool) else repr(margin))
+            except argparse.ArgumentTypeError as exc:
+                raise InvalidRequest(f"--models {path}: entry {index} close_call_margin {exc}") from None
         for key, value in entry.items():
             if value is not None and not isinstance(value, str):
                 # YAML reads 01234567 as the octal number 342391 and yes as true: only quoted text stays as written
                 raise InvalidRequest(
                     f"--models {path}: entry {index} {key} is not text (YAML read it as {type(value).__name__} {value!r}): quote it, e.g. {key}: \"...\""
                 )
-        specs.append(ModelSpec(**entry, aliases=tuple(aliases), accept_licences=tuple(accepted)))
+        specs.append(ModelSpec(**entry, aliases=tuple(aliases), accept_licences=tuple(accepted), close_call_margin=margin))
     return specs
 
 

@@ -81,6 +81,12 @@ class ModelSlot:
             self._serve(model)
             return
 
+    def close_call_margin(self) -> float | str | None:
+        """This model's (from --models), else the server's; none for profile exact, which is the reference."""
+        if self.profile == "exact":
+            return None
+        return self.spec.close_call_margin if self.spec.close_call_margin is not None else self.config.close_call_margin
+
     def _load_once(self):
         import vllm_sr_runtime
 
@@ -95,7 +101,7 @@ class ModelSlot:
             offline=self.config.offline or None,
             base_path=self.spec.base_path,
             shared_min_tokens=self.config.shared_min_tokens,
-            close_call_margin=self.config.close_call_margin if self.profile != "exact" else None,
+            close_call_margin=self.close_call_margin(),
             allow_approximate_shared_context=self.config.allow_approximate_shared_context,
             accept_licences=(*self.config.accept_licences, *self.spec.accept_licences),
             memory_budget_bytes=self.weight_budget.remaining() if self.weight_budget else None,

@@ -71,3 +71,18 @@ def test_a_close_call_checks_exact_engine_counts_in_the_budget(packages, default
     assert both.weight_bytes == fast + eager and both.card()["weight_bytes"] == fast + eager
     with pytest.raises(MemoryBudgetExceeded, match="estimated before loading"):  # room for the fast engine alone
         vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=artifact, close_call_margin=0.1, memory_budget_bytes=fast + eager // 2)
+
+
+def test_a_stale_cached_artifact_is_estimated_as_the_export_that_replaces_it(packages, default_artifact, tmp_path: Path):
+    """A vision package's cached artifact without media graphs (exported before artifacts held them) is exported
+    again when max_speed loads: the estimate is that export's FP32 parameters, not the stale artifact's files."""
+    import shutil
+
+    from vllm_sr_runtime.engines.onnxruntime.builder import cached_artifact_dir
+
+    model = vllm_sr_runtime.load(packages["d3_vision"])
+    cache = tmp_path / "cache"
+    stale = cached_artifact_dir(model.family, "contrib", "fp32", cache)
+    shutil.copytree(default_artifact("d3"), stale)  # a verified artifact with no media graphs where the vision package's goes
+    estimate = plugin("engine", "onnxruntime").expected_weight_bytes(model.family, model.device, profile_named("max_speed"), cache_dir=cache)
+    assert estimate == 4 * model.family.parameter_count

@@ -24,6 +24,12 @@ def cached_artifact_dir(family: ModelSource, variant: str, dtype: str, cache_dir
     return root / "artifacts" / f"{family.model_name}@{family.package.model_sha256[:8]}" / f"{variant}-{dtype}"
 
 
+def cached_artifact_current(family: ModelSource, target: Path) -> bool:
+    """Whether the cache's artifact is there and serves as it is (one exported before artifacts held the vision
+    graphs is exported again on first use)."""
+    return (target / "artifact.json").is_file() and not _lacks_media_graphs(family, target)
+
+
 def ensure_cached_artifact(family: ModelSource, variant: str, cache_dir=None) -> Path:
     """The cache's artifact for this package, exported on first use. A file lock makes concurrent first uses
     (several gunicorn workers, several processes) export once; the others wait and reuse it. One already there is
@@ -31,7 +37,7 @@ def ensure_cached_artifact(family: ModelSource, variant: str, cache_dir=None) ->
     import fcntl
 
     target = cached_artifact_dir(family, variant, "fp32", cache_dir)
-    if (target / "artifact.json").is_file() and not _lacks_media_graphs(family, target):
+    if cached_artifact_current(family, target):
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -129,11 +135,11 @@ def build(family: ModelSource, device: Device, profile, *, artifact=None, cache_
 
 def expected_weight_bytes(family: ModelSource, device: Device, profile, *, artifact=None, cache_dir=None, **_: object) -> int | None:
     """Before the sessions open: the graphs `build` opens for the profile and their weight files, as the artifact
-    lists them (the cache's where none is given, once exported), or, to be exported, the package's parameters in
-    FP32. None where neither is known."""
+    lists them (the cache's where none is given, once exported and current), or, to be exported, the package's
+    parameters in FP32. None where neither is known."""
     if artifact is None:
         cached = cached_artifact_dir(family, default_variant(device), "fp32", cache_dir)
-        if not (cached / "artifact.json").is_file():
+        if not cached_artifact_current(family, cached):  # to be exported (again)
             count = family.parameter_count
             return None if count is None else 4 * count
         artifact = cached

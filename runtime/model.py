@@ -239,7 +239,7 @@ class DecisionModel:
         artifact's int8 export measured (see close_calls.resolve_margin)."""
         value = self.close_call_margin(margin)
         if value is not None:
-            self.close_calls = CloseCallCheck(value, reference, reference_label, DEFAULT_BATCH_TOKENS, "artifact" if margin == RECORDED else "given")
+            self.close_calls = CloseCallCheck(value, reference, reference_label, DEFAULT_BATCH_TOKENS, RECORDED if margin == RECORDED else "given")
 
     def plugins(self) -> dict[str, dict]:
         """The plugins this model runs on, each with the distribution that registers it."""

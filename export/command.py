@@ -28,8 +28,9 @@ def int8_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_sr_runtime.artifact_summary import SATURATES_HERE, measured_int8_lines, saturates_here, smoke_line
+    from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS
     from vllm_sr_runtime.export.exporter import export_package
-    from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS, widest_int8_weight_bits
 
     int8 = int8_options(args)
     manifest = export_package(
@@ -48,33 +49,12 @@ def run(args: argparse.Namespace) -> int:
         int8_calibration=Path(args.int8_calibration) if args.int8_calibration else None,
         **int8,
     )
-    smoke = manifest["smoke_parity"]
     ops = sum(manifest["op_counts"].values())
-    checked = (
-        f"smoke parity max |dp| {smoke['max_abs_diff']:.2e}, {smoke['decisions_changed']}/{smoke['questions']} decisions changed"
-        if smoke else f"no smoke parity ({manifest['smoke']['reason']}): judge it with `vllm-sr-runtime parity`"
-    )  # fmt: skip
-    print(f"ok: {args.out} ({manifest['variant']}/{manifest['dtype']}, opset {manifest['opset']}, {ops} nodes, domains {','.join(manifest['op_domains'])}); {checked}")
+    print(f"ok: {args.out} ({manifest['variant']}/{manifest['dtype']}, opset {manifest['opset']}, {ops} nodes, domains {','.join(manifest['op_domains'])}); {smoke_line(manifest)}")
     if manifest["dtype"] == "int8" and manifest["int8"]["measured"]:
         measured = manifest["int8"]["measured"]
-        print(
-            f"int8 measured on {measured['rows']} calibration answers{_calibration_source(measured['calibration'])}: {len(measured['kept'])} MatMuls kept FP32 "
-            f"({measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds), {len(measured['blocked'])} in the block form "
-            f"({measured['blocked_share_of_quantizable_macs']:.0%}), {len(measured['split'])} in the split form ({measured['split_share_of_quantizable_macs']:.0%}); predicted margin spread "
-            f"{measured['predicted_spread_all_int8']:.3g} -> {measured['predicted_spread_chosen']:.3g} of the margin (target {measured['target']})"
-        )
-        checked = measured["calibration_parity"]  # None where the export opened no CPU session
-        if checked:
-            print(
-                f"int8 graph on the calibration questions: {checked['decisions_changed']}/{checked['questions']} decisions changed "
-                f"({checked['decisions_changed_beyond_near_ties']} where exact chose by more than a near-tie), max |dp| {checked['max_abs_diff']:.3g}"
-            )
-            if checked["close_call_margin"]:
-                print(
-                    f"close calls: a decision can change only where int8's top-two margin is at most 2 x its max |dp|; `serve --close-call-margin "
-                    f"{checked['close_call_margin']:.2g}` answers those (on traffic that int8 moves no more than the calibration questions) with exact; "
-                    "`--close-call-margin artifact` reads this margin from artifact.json"
-                )
+        for line in measured_int8_lines(measured):
+            print(line)
         if not measured["calibration"].get("file"):
             print(
                 "int8 calibrated on the built-in requests (generic short questions of every type): the target protects answers as close "
@@ -94,11 +74,8 @@ def run(args: argparse.Namespace) -> int:
             "`vllm-sr-runtime parity`, which gates int8 at 1% of decisions by default, before serving it "
             f"(`parity --profile exact --weight-noise int8{' --weight-noise-factor 2' if bits == 7 else ''}` tells whether the package tolerates any {bits}-bit weights)"
         )
-        if bits > widest_int8_weight_bits():
-            print(
-                "this CPU's int8 products saturate on 8-bit weights (x86-64 without VNNI): this artifact is for a host with VNNI or AMX "
-                "and is refused here; --int8-weight-bits 7 exports one this host serves"
-            )
+        if saturates_here(manifest):
+            print(SATURATES_HERE)
     buckets = manifest.get("buckets")
     if buckets:
         lengths = ", ".join(str(graph["length"]) for graph in buckets["graphs"])
@@ -181,7 +158,3 @@ def register(sub) -> None:
     add_source_options(parser)
     add_quiet_option(parser)
     parser.set_defaults(func=run)
-
-
-def _calibration_source(source: dict) -> str:
-    return f" from {source['file']['name']}" if source.get("file") else " (built-in requests)"

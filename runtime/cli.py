@@ -52,6 +52,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"{source.get('model_name')} model_sha256={source.get('model_sha256')} files={len(manifest.get('files') or {})} "
             f"verification=artifact ({ARTIFACT_FILE}: every file's size and sha256)"
         )
+        for line in artifact_lines(manifest):
+            print(line)
         return 0
     ref = resolve_package(args.package, cache_dir=args.cache_dir, offline=args.offline or None)
     family = open_family(ref, base_path=Path(args.base_path) if args.base_path else None, cache_dir=args.cache_dir, offline=args.offline or None)
@@ -68,6 +70,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except LicenceRefused as exc:
         print(f"note: serve, bench and parity need {' '.join(f'--accept-licence {needed}' for needed in exc.needs)} to use it")
     return 0
+
+
+def artifact_lines(manifest: dict) -> list[str]:
+    """What `verify` says of an artifact's numerics: its smoke parity and, for int8, the form, the measured choice
+    with its close-call margin, and whether this CPU can serve it."""
+    from vllm_sr_runtime.artifact_summary import SATURATES_HERE, int8_form_line, measured_int8_lines, saturates_here, smoke_line
+
+    lines = [smoke_line(manifest)]
+    if manifest.get("dtype") == "int8" and manifest.get("int8"):
+        lines.append(int8_form_line(manifest))
+        if manifest["int8"].get("measured"):
+            lines += measured_int8_lines(manifest["int8"]["measured"])
+        if saturates_here(manifest):
+            lines.append(SATURATES_HERE)
+    return lines
 
 
 def eager_weights(family) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -294,6 +295,8 @@ def test_verify_checks_an_artifact_against_its_own_manifest(packages, default_ar
     assert main(["verify", str(artifact)]) == 0
     said = capsys.readouterr().out
     assert said.startswith(f"ok: artifact {artifact}: contrib fp32 of decision3 ") and "verification=artifact" in said
+    smoke = json.loads((artifact / "artifact.json").read_text())["smoke_parity"]
+    assert f"smoke parity max |dp| {smoke['max_abs_diff']:.2e}, 0/{smoke['questions']} decisions changed" in said and "int8" not in said
     (artifact / "notes.txt").write_text("mine")
     assert main(["verify", str(artifact)]) == 1
     assert "extra ['notes.txt']" in capsys.readouterr().err

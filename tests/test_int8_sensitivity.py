@@ -202,7 +202,12 @@ def test_measured_int8_keeps_the_chosen_matmuls_fp32_in_the_graph(packages, tmp_
     # the close-call margin that keeps every decision of those questions exact's: twice the largest move
     assert checked["close_call_margin"] == pytest.approx(2 * worst, rel=1e-3, abs=1e-6)
     assert f"serve --close-call-margin {checked['close_call_margin']:.2g}" in result.stdout
-    # close_call_margin "artifact" serves with that margin (which answers it replaces: test_close_calls)
+    # `verify` says the same of the artifact, and close_call_margin "artifact" serves with that margin (which answers
+    # it replaces: test_close_calls)
+    verified = subprocess.run([sys.executable, "-m", "vllm_sr_runtime.cli", "verify", str(tmp_path / "measured")], capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0 and f"serve --close-call-margin {checked['close_call_margin']:.2g}" in verified.stdout, verified.stdout
+    assert f"int8 graph on the calibration questions: {changed}/30 decisions changed" in verified.stdout
+    assert f"{len(measured['kept'])} MatMuls kept FP32" in verified.stdout and f"{SAFE_WEIGHT_BITS}-bit weights, FP32 choice measured" in verified.stdout
     confirmed = vllm_sr_runtime.load(packages["d3"], profile="max_speed", artifact=tmp_path / "measured", close_call_margin="artifact")
     assert confirmed.card()["close_calls"]["margin"] == checked["close_call_margin"] and confirmed.card()["close_calls"]["margin_from"] == "artifact"
     # the harmful ones in the block form first (one MatMulNBits each), FP32 where that missed the target

@@ -3,7 +3,16 @@ prints when it checks one: the smoke parity, the int8 form, the measured choice 
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
+
 from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS, widest_int8_weight_bits
+
+# The element type most of a graph's weight bytes must have for the dtype an artifact claims (an "fp16" graph that
+# holds FP32 weights is the published-artifact complaint this catches); int8 graphs keep the embedding table, the
+# head and the projections the rule or the measurement names FP32, so they only need integer weights at all.
+CLAIMED_TYPES = {"fp32": ("FLOAT",), "fp16": ("FLOAT16",), "bf16": ("BFLOAT16",)}
+INTEGER_TYPES = ("INT8", "UINT8", "INT4", "UINT4")
 
 
 def smoke_line(manifest: dict) -> str:
@@ -64,3 +73,39 @@ SATURATES_HERE = (
 
 def calibration_source(source: dict) -> str:
     return f" from {source['file']['name']}" if source.get("file") else " (built-in requests)"
+
+
+def weight_bytes_by_type(graph: Path) -> Counter:
+    """The bytes of a graph's initializers by ONNX element type name, read from the graph alone (external data by
+    its recorded length; the weights file itself is not read)."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    sizes: Counter = Counter()
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            size = int({entry.key: entry.value for entry in tensor.external_data}.get("length", 0))
+        else:
+            size = len(tensor.raw_data) if tensor.HasField("raw_data") else onnx.numpy_helper.to_array(tensor).nbytes
+        sizes[onnx.TensorProto.DataType.Name(tensor.data_type)] += size
+    return sizes
+
+
+def weights_line(sizes: Counter) -> str:
+    total = sum(sizes.values()) or 1
+    parts = ", ".join(f"{name.lower()} {size:,} bytes ({size / total:.0%})" for name, size in sizes.most_common() if size)
+    return f"weights of the main graph: {parts}"
+
+
+def claim_mismatch(dtype: str, sizes: Counter) -> str | None:
+    """Why the graph's weights are not what the artifact's dtype claims, or None."""
+    total = sum(sizes.values())
+    if not total:
+        return None
+    if dtype == "int8":
+        return None if any(sizes[name] for name in INTEGER_TYPES) else "it claims int8 and holds no integer weights"
+    expected = CLAIMED_TYPES.get(dtype)
+    if expected is None:
+        return None
+    share = sum(sizes[name] for name in expected) / total
+    return None if share > 0.5 else f"it claims {dtype} and only {share:.0%} of its weight bytes are {'/'.join(name.lower() for name in expected)}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vllm_sr_runtime.cli_options import add_source_options
 from vllm_sr_runtime.cli_values import positive_float, positive_int
-from vllm_sr_runtime.errors import RuntimeServiceError
+from vllm_sr_runtime.errors import ArtifactError, RuntimeServiceError
 
 
 def cmd_fixture(args: argparse.Namespace) -> int:
@@ -54,6 +54,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
         for line in artifact_lines(manifest):
             print(line)
+        from vllm_sr_runtime.artifact_summary import claim_mismatch, weight_bytes_by_type, weights_line
+
+        sizes = weight_bytes_by_type(Path(args.package) / manifest["model_file"])
+        print(weights_line(sizes))
+        if mismatch := claim_mismatch(manifest.get("dtype"), sizes):
+            raise ArtifactError(f"artifact {args.package} is not what it claims: {mismatch}")
         return 0
     ref = resolve_package(args.package, cache_dir=args.cache_dir, offline=args.offline or None)
     family = open_family(ref, base_path=Path(args.base_path) if args.base_path else None, cache_dir=args.cache_dir, offline=args.offline or None)

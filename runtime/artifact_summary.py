@@ -75,14 +75,17 @@ def calibration_source(source: dict) -> str:
     return f" from {source['file']['name']}" if source.get("file") else " (built-in requests)"
 
 
-def weight_bytes_by_type(graph: Path) -> Counter:
+def weight_bytes_by_type(graph: Path, matrices_only: bool = False) -> Counter:
     """The bytes of a graph's initializers by ONNX element type name, read from the graph alone (external data by
-    its recorded length; the weights file itself is not read)."""
+    its recorded length; the weights file itself is not read). `matrices_only`: initializers of two dimensions or
+    more (weights and tables, not scales, zero points or norms)."""
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
     sizes: Counter = Counter()
     for tensor in model.graph.initializer:
+        if matrices_only and len(tensor.dims) < 2:
+            continue
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             size = int({entry.key: entry.value for entry in tensor.external_data}.get("length", 0))
         else:
@@ -98,7 +101,8 @@ def weights_line(sizes: Counter) -> str:
 
 
 def claim_mismatch(dtype: str, sizes: Counter) -> str | None:
-    """Why the graph's weights are not what the artifact's dtype claims, or None."""
+    """Why the graph's weight matrices (`weight_bytes_by_type(..., matrices_only=True)`) are not what the artifact's
+    dtype claims, or None."""
     total = sum(sizes.values())
     if not total:
         return None

@@ -58,7 +58,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
         sizes = weight_bytes_by_type(Path(args.package) / manifest["model_file"])
         print(weights_line(sizes))
-        if mismatch := claim_mismatch(manifest.get("dtype"), sizes):
+        if mismatch := claim_mismatch(manifest.get("dtype"), weight_bytes_by_type(Path(args.package) / manifest["model_file"], matrices_only=True)):
             raise ArtifactError(f"artifact {args.package} is not what it claims: {mismatch}")
         return 0
     ref = resolve_package(args.package, cache_dir=args.cache_dir, offline=args.offline or None)

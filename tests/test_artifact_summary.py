@@ -53,3 +53,26 @@ def test_verify_reports_the_weights_by_type_and_refuses_an_artifact_that_is_not_
     (artifact / "artifact.json").write_text(json.dumps({**manifest, "dtype": "fp16"}))
     assert main(["verify", str(artifact)]) == 1
     assert "is not what it claims: it claims fp16 and only 0% of its weight bytes are float16" in capsys.readouterr().err
+    (artifact / "artifact.json").write_text(json.dumps({**manifest, "dtype": "int8", "int8": {"activations": "per token", "measured": None}}))
+    assert main(["verify", str(artifact)]) == 1  # the graph's int64 shape constants are no integer weights
+    assert "it claims int8 and holds no integer weights" in capsys.readouterr().err
+
+
+def test_only_matrices_count_toward_the_claim(tmp_path):
+    """An int8 graph's per-column zero points (1-D int8) are not int8 weights: a graph of FP32 matrices with them
+    claims int8 falsely."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((8, 4), dtype=np.float32), "weight")
+    zero = numpy_helper.from_array(np.zeros(4, dtype=np.int8), "zero_point")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "weight"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])], [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+        initializer=[weight, zero],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph), tmp_path / "model.onnx")
+    assert summary.weight_bytes_by_type(tmp_path / "model.onnx") == {"FLOAT": 128, "INT8": 4}
+    matrices = summary.weight_bytes_by_type(tmp_path / "model.onnx", matrices_only=True)
+    assert matrices == {"FLOAT": 128} and summary.claim_mismatch("int8", matrices) == "it claims int8 and holds no integer weights"

@@ -9,13 +9,13 @@ from pathlib import Path
 from vllm_sr_runtime.cli_options import add_quiet_option, add_source_options
 from vllm_sr_runtime.cli_values import counts, ranged
 from vllm_sr_runtime.export.export_options import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, SUPPORTED_DTYPES, VARIANTS
-from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, MOSTLY_FP32_SHARE, WEIGHT_BITS_CHOICES
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, EMBEDDING_CHOICES, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, MOSTLY_FP32_SHARE, WEIGHT_BITS_CHOICES
 
 
 # The int8 options and their defaults: given with another --dtype they would do nothing, so they are refused.
 INT8_DEFAULTS = {
     "int8_activations": ACTIVATION_FORMS[0], "int8_sensitive": INT8_SENSITIVE_CHOICES[0], "int8_fp32": INT8_FP32_CHOICES[0],
-    "int8_target": DEFAULT_TARGET, "int8_weight_bits": WEIGHT_BITS_CHOICES[0],
+    "int8_target": DEFAULT_TARGET, "int8_weight_bits": WEIGHT_BITS_CHOICES[0], "int8_embedding": EMBEDDING_CHOICES[0],
 }  # fmt: skip
 
 
@@ -154,6 +154,11 @@ def register(sub) -> None:
         help="--dtype int8: bits of the weights the integer products read: 8 (default), or 7 for x86 hosts without VNNI "
         "(AVX2, or AVX-512 without AVX512_VNNI), where ONNX Runtime's int8 kernel sums byte products in saturating 16 bits "
         "that 8-bit weights overflow: an 8-bit artifact is refused there (`serve`, `parity`, and this export's smoke parity)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--int8-embedding", choices=EMBEDDING_CHOICES,
+        help="--dtype int8: the token embedding table fp32 (default) or int8 with one scale per row (a quarter of its bytes: "
+        "most of an int8 artifact's; each token's vector then carries its row's rounding, so judge it with `parity`)",
     )  # fmt: skip
     add_source_options(parser)
     add_quiet_option(parser)

@@ -33,3 +33,4 @@ class ExportContext:
     int8_split: frozenset[str] = frozenset()  # --dtype int8: weights the measurement moves to the split form
     int8_split_rule: bool = False  # --dtype int8: the fixed rule's FP32 projections run in the split form
     int8_weight_bits: int = WEIGHT_BITS_CHOICES[0]  # --dtype int8: the integer products' weights, 8 or 7 bits
+    int8_embedding_tables: tuple[str, ...] = ()  # --dtype int8 --int8-embedding int8: the tables stored as int8 rows

@@ -18,7 +18,7 @@ from vllm_sr_runtime.export.disk_space import check_disk_space
 from vllm_sr_runtime.export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
 from vllm_sr_runtime.export.graph_passes import op_counts
 from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS
-from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, INT8_FORMS, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, WEIGHT_BITS_CHOICES
+from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, EMBEDDING_CHOICES, INT8_FORMS, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, WEIGHT_BITS_CHOICES
 from vllm_sr_runtime.export import int8_sensitivity
 from vllm_sr_runtime.export.phases import PhaseClock, available_memory_bytes
 from vllm_sr_runtime.export.smoke import CPU_SESSION_DTYPES, SMOKE_MODES, SMOKE_QUESTIONS, SMOKE_STATE, SMOKE_TOLERANCE, check_smoke, golden_answers, graph_parity, plan_smoke, smoke_parity
@@ -63,17 +63,19 @@ def export_package(
     int8_calibration: Path | None = None,
     int8_sensitive: str = INT8_SENSITIVE_CHOICES[0],
     int8_weight_bits: int = WEIGHT_BITS_CHOICES[0],
+    int8_embedding: str = EMBEDDING_CHOICES[0],
 ) -> dict:
     check_options(
         variant=variant, dtype=dtype, opset=opset, shared_context=shared_context, smoke=smoke, lengths=lengths, int8_activations=int8_activations,
         int8_fp32=int8_fp32, int8_target=int8_target, int8_calibration=int8_calibration, int8_sensitive=int8_sensitive, int8_weight_bits=int8_weight_bits,
+        int8_embedding=int8_embedding,
     )
     ref = resolve_package(package, cache_dir=cache_dir, offline=offline)
     family = open_family(ref, base_path=Path(base_path) if base_path else None, cache_dir=cache_dir, offline=offline)
     return export_family(
         family, Path(out), variant=variant, dtype=dtype, opset=opset, progress=progress, shared_context=shared_context, smoke=smoke, lengths=lengths,
         int8_activations=int8_activations, int8_fp32=int8_fp32, int8_target=int8_target, int8_calibration=int8_calibration, int8_sensitive=int8_sensitive,
-        int8_weight_bits=int8_weight_bits,
+        int8_weight_bits=int8_weight_bits, int8_embedding=int8_embedding,
     )
 
 
@@ -91,11 +93,13 @@ def check_options(
     int8_calibration: Path | None,
     int8_sensitive: str,
     int8_weight_bits: int,
+    int8_embedding: str = EMBEDDING_CHOICES[0],
 ) -> None:
     """The export's options on their own and together, checked before the package is read."""
     choices = {
         "--variant": (variant, VARIANTS), "--dtype": (dtype, DTYPES), "--smoke": (smoke, SMOKE_MODES), "--int8-activations": (int8_activations, ACTIVATION_FORMS),
         "--int8-fp32": (int8_fp32, INT8_FP32_CHOICES), "--int8-sensitive": (int8_sensitive, INT8_SENSITIVE_CHOICES), "--int8-weight-bits": (int8_weight_bits, WEIGHT_BITS_CHOICES),
+        "--int8-embedding": (int8_embedding, EMBEDDING_CHOICES),
     }  # fmt: skip
     for flag, (value, allowed) in choices.items():
         if value not in allowed:
@@ -137,6 +141,7 @@ def export_family(
     int8_calibration: Path | None = None,
     int8_sensitive: str = INT8_SENSITIVE_CHOICES[0],
     int8_weight_bits: int = WEIGHT_BITS_CHOICES[0],
+    int8_embedding: str = EMBEDDING_CHOICES[0],
 ) -> dict:
     """Trace, lower, write, check and smoke-test one artifact. `shared_context` adds a second graph,
     the module's forward_shared (prefix once, question rows continue from its state), for that profile
@@ -151,7 +156,8 @@ def export_family(
     `fp32`, or first `block` (MatMulNBits, when the rest run per token; FP32 only where that misses the target), or
     first `split` (two int8 halves of weight and activation, two integer products; FP32 only where that misses the
     target), which also runs the fixed rule's FP32 projections split. `int8_weight_bits`: 8, or 7 for x86 hosts
-    without VNNI (whose int8 kernel saturates on 8-bit weights: the smoke parity is refused there at 8 bits)."""
+    without VNNI (whose int8 kernel saturates on 8-bit weights: the smoke parity is refused there at 8 bits).
+    `int8_embedding`: `int8` stores the family's token embedding tables as int8 rows with a scale each."""
     if family.export_spec is None:
         raise ArtifactError(f"family {family.name} declares no export (its ExportSpec): it runs on its own engines only")
     package_root, target = family.package.root.resolve(), Path(out).resolve()
@@ -162,6 +168,7 @@ def export_family(
     check_options(
         variant=variant, dtype=dtype, opset=opset, shared_context=shared_context, smoke=smoke, lengths=lengths, int8_activations=int8_activations,
         int8_fp32=int8_fp32, int8_target=int8_target, int8_calibration=int8_calibration, int8_sensitive=int8_sensitive, int8_weight_bits=int8_weight_bits,
+        int8_embedding=int8_embedding,
     )
     # the int8 graph's products come out wrong on this CPU: nothing is checked with them here
     saturates_here = dtype == "int8" and int8_weight_bits > widest_int8_weight_bits()
@@ -206,12 +213,13 @@ def export_family(
         blocked = frozenset(measured["blocked"]) if measured else frozenset()
         split = frozenset(measured["split"]) if measured else frozenset()
         split_rule = int8_sensitive == "split"
+        tables = family.export_spec.embedding_tables if dtype == "int8" and int8_embedding == "int8" else ()
         phase("trace")
         traced = trace(streamed, skeleton, sample, opset, family.input_names, family.dynamic_axes, family.output_name, translation_table(config))
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept, int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule, int8_weight_bits=int8_weight_bits)
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept, int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule, int8_weight_bits=int8_weight_bits, int8_embedding_tables=tables)
             reuse = main_weights["index"]
             buckets = write_static_graphs(proto, temp, family, gdn, static_lengths, MODEL_FILE) if static_lengths else None
             del traced, proto
@@ -247,7 +255,7 @@ def export_family(
             bar.update()
             context = ExportContext(
                 family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations, int8_kept=kept,
-                int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule, int8_weight_bits=int8_weight_bits,
+                int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule, int8_weight_bits=int8_weight_bits, int8_embedding_tables=tables,
             )  # fmt: skip
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
@@ -263,6 +271,7 @@ def export_family(
                     "activations": INT8_FORMS[int8_activations][0], "weights": INT8_FORMS[int8_activations][1], "sensitive": int8_sensitive,
                     "weight_bits": int8_weight_bits, "kept_fp32": [] if split_rule else list(INT8_FP32_PROJECTIONS),
                     "split": list(INT8_FP32_PROJECTIONS) if split_rule else [], "fp32_choice": int8_fp32, "measured": measured,
+                    "embedding": {"form": "int8 rows" if tables else "fp32", "tables": list(tables)},
                 }  # fmt: skip
             manifest["smoke"] = {**smoke_plan, "rows": parity["questions"] if parity else 0, "tolerance": SMOKE_TOLERANCE.get(dtype)}
             manifest["export"] = {"phases": phase.finish(), "disk_estimate_bytes": disk_needed, "weights": "streamed from the package"}
@@ -288,7 +297,7 @@ def _export_shared(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("shared write")
-    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked, int8_split=context.int8_split, int8_split_rule=context.int8_split_rule, int8_weight_bits=context.int8_weight_bits)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked, int8_split=context.int8_split, int8_split_rule=context.int8_split_rule, int8_weight_bits=context.int8_weight_bits, int8_embedding_tables=context.int8_embedding_tables)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
     del model, traced

@@ -473,3 +473,54 @@ def _blocked_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple) ->
     for value in (q_value, scale_value):  # in this order: the scales come from the values' pass
         traced.model.graph.register_initializer(value)
     return q_value, scale_value
+
+
+def quantize_embeddings(traced: TracedGraph, is_table: Callable[[str], bool]) -> int:
+    """Rewrite every Gather over rows of a package table that `is_table` names (the token embeddings) to read an int8
+    table with one scale per row: Gather of the rows and of their scales, Cast and Mul, so a token's vector is
+    scale x int8 row (8 bits whatever the host: no integer product reads it). Returns how many were rewritten; the
+    table and its scales are lazy initializers with provenance, shared by the artifact's other graphs."""
+    graph = traced.model.graph
+    tables: dict[int, tuple[ir.Value, ir.Value]] = {}
+    rewritten = 0
+    for node in list(graph):
+        if node.op_type != "Gather" or node.domain != "" or node.attributes.get_int("axis", 0) != 0:
+            continue
+        table, ids = node.inputs
+        provenance = traced.provenance.get(id(table.const_value)) if table.const_value is not None else None
+        if provenance is None or provenance[0] != "param" or not is_table(provenance[1]) or len(table.shape) != 2:
+            continue
+        if id(table) not in tables:
+            source = traced.sources[provenance[1]]
+            rows, columns = table.shape[0], table.shape[1]
+
+            def quantize(source=source) -> tuple[np.ndarray, np.ndarray]:
+                values, scale = quantize_per_channel(source.load().detach().float().numpy(), 0)
+                return values, scale.reshape(-1, 1)
+
+            lazy = _LazyQuantized(quantize)
+            q_value = ir.Value(
+                name=f"{table.name}_quantized_rows", shape=ir.Shape([rows, columns]), type=ir.TensorType(ir.DataType.INT8),
+                const_value=ir.LazyTensor(lazy.values, dtype=ir.DataType.INT8, shape=ir.Shape([rows, columns]), name=f"{table.name}_quantized_rows"),
+            )  # fmt: skip
+            scale_value = ir.Value(
+                name=f"{table.name}_row_scales", shape=ir.Shape([rows, 1]), type=ir.TensorType(ir.DataType.FLOAT),
+                const_value=ir.LazyTensor(lazy.scale, dtype=ir.DataType.FLOAT, shape=ir.Shape([rows, 1]), name=f"{table.name}_row_scales"),
+            )  # fmt: skip
+            traced.provenance[id(q_value.const_value)] = ("int8 rows", provenance[1])
+            traced.provenance[id(scale_value.const_value)] = ("int8 row scales", provenance[1])
+            for value in (q_value, scale_value):  # in this order: the scales come from the values' pass
+                graph.register_initializer(value)
+            tables[id(table)] = (q_value, scale_value)
+        q_value, scale_value = tables[id(table)]
+        base = node.name or node.outputs[0].name
+        rows_read = _node("Gather", [q_value, ids], f"{base}_int8_rows", [ir.AttrInt64("axis", 0)])
+        scales_read = _node("Gather", [scale_value, ids], f"{base}_row_scales", [ir.AttrInt64("axis", 0)])
+        widened = _node("Cast", [rows_read.outputs[0]], f"{base}_rows_float", [ir.AttrInt64("to", ir.DataType.FLOAT)])
+        result = _node("Mul", [widened.outputs[0], scales_read.outputs[0]], f"{base}_dequantized")
+        ir.convenience.replace_nodes_and_values(graph, node, [node], [rows_read, scales_read, widened, result], [node.outputs[0]], [result.outputs[0]])
+        rewritten += 1
+    for name, value in list(graph.initializers.items()):  # the FP32 tables no node reads any more
+        if id(value) in tables and not value.uses():
+            graph.initializers.pop(name)
+    return rewritten

@@ -27,6 +27,10 @@ INT8_SENSITIVE_CHOICES = ("fp32", "block", "split")
 # without VNNI, whose u8 x s8 kernel (AVX2, AVX-512 without VNNI) saturates on pairs of 8-bit products; the serving
 # runtime refuses an 8-bit artifact on such a host (vllm_sr_runtime.cpu_features).
 WEIGHT_BITS_CHOICES = (FULL_WEIGHT_BITS, SAFE_WEIGHT_BITS)
+# The token embedding table under --dtype int8: FP32 (default), or int8 with one scale per row (a Gather of the rows
+# and their scales, then Cast and Mul: no integer product reads it, so 8 bits on every host). The table is most of an
+# int8 artifact's bytes (d3-lite, rule: 1,017 of 1,672 MB) and each token reads only its own row.
+EMBEDDING_CHOICES = ("fp32", "int8")
 # A decision flips when the margin moves by more than itself; keeping every row's predicted spread under a quarter
 # of its margin puts a flip 4 standard deviations away on the calibration rows, which leaves room for prompts
 # with smaller margins than theirs.

@@ -54,9 +54,10 @@ def int8_form_line(manifest: dict) -> str:
     rule = f"FP32: {', '.join(int8['kept_fp32'])}" if int8.get("kept_fp32") else ""
     if int8.get("split"):
         rule = f"split form: {', '.join(int8['split'])}"
+    embedding = (int8.get("embedding") or {}).get("form", "fp32")
     return (
         f"int8: {int8['activations']} activations, {int8.get('weights', 'per output channel')} {int8.get('weight_bits', FULL_WEIGHT_BITS)}-bit weights, "
-        f"FP32 choice {int8.get('fp32_choice', 'rule')}{'; ' + rule if rule else ''}"
+        f"FP32 choice {int8.get('fp32_choice', 'rule')}{'; ' + rule if rule else ''}; embedding table {embedding}"
     )
 
 

@@ -17,7 +17,7 @@ def test_an_eight_bit_artifact_is_said_to_be_refused_where_the_cpus_products_sat
     monkeypatch.setattr(summary, "widest_int8_weight_bits", lambda: 7)  # an x86-64 host without VNNI
     lines = artifact_lines(manifest(8, kept_fp32=["linear_attn.out_proj.weight"]))
     assert lines[0] == "no smoke parity (--smoke off): judge it with `vllm-sr-runtime parity`"
-    assert lines[1] == "int8: per token activations, per output channel 8-bit weights, FP32 choice rule; FP32: linear_attn.out_proj.weight"
+    assert lines[1] == "int8: per token activations, per output channel 8-bit weights, FP32 choice rule; FP32: linear_attn.out_proj.weight; embedding table fp32"
     assert lines[-1] == summary.SATURATES_HERE
     assert summary.SATURATES_HERE not in artifact_lines(manifest(7))  # 7-bit weights fit the saturating sums
     monkeypatch.setattr(summary, "widest_int8_weight_bits", lambda: 8)  # VNNI, AMX or ARM

@@ -22,9 +22,10 @@ from vllm_sr_runtime.packages.resolve import PackageRef
 class ExportSpec:
     """What the exporter needs of a family, declared by the family in one place (optimum-style) instead of
     probed: the towers `--dtype int8` quantizes (everything else, the readout that produces the answer, stays
-    FP32). The prepare steps (merging an adapter, a mask that must trace) live in `Family.export_module`."""
+    FP32) and the token embedding tables it may store as int8. The prepare steps (merging an adapter, a mask that must trace) live in `Family.export_module`."""
 
     quantized_towers: tuple[str, ...]
+    embedding_tables: tuple[str, ...] = ()  # the token embedding weights `--int8-embedding int8` stores as int8 rows
 
 
 @dataclass

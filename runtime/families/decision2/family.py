@@ -119,7 +119,7 @@ class Decision2Family(Family):
         "query_index": {0: "batch"},
     }
     numerics_policy = {"cpu": FP32, "gpu": BF16_AUTOCAST}
-    export_spec = ExportSpec(quantized_towers=("backbone.",))
+    export_spec = ExportSpec(quantized_towers=("backbone.",), embedding_tables=("backbone.embed_tokens.weight",))
 
     def __init__(self, ref: PackageRef, package: pkg.Decision2Package):
         super().__init__(ref, package)

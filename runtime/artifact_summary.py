@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS, widest_int8_weight_bits
 
@@ -76,23 +77,31 @@ def calibration_source(source: dict) -> str:
     return f" from {source['file']['name']}" if source.get("file") else " (built-in requests)"
 
 
-def weight_bytes_by_type(graph: Path, matrices_only: bool = False) -> Counter:
-    """The bytes of a graph's initializers by ONNX element type name, read from the graph alone (external data by
-    its recorded length; the weights file itself is not read). `matrices_only`: initializers of two dimensions or
-    more (weights and tables, not scales, zero points or norms)."""
+class WeightBytes(NamedTuple):
+    """A graph's initializer bytes by ONNX element type name: all of them, and its matrices alone (two dimensions or
+    more: weights and tables, not scales, zero points or norms)."""
+
+    all: Counter
+    matrices: Counter
+
+
+def weight_bytes_by_type(graph: Path) -> WeightBytes:
+    """Read from the graph alone, in one pass (external data by its recorded length; the weights file is not read)."""
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
-    sizes: Counter = Counter()
+    every: Counter = Counter()
+    matrices: Counter = Counter()
     for tensor in model.graph.initializer:
-        if matrices_only and len(tensor.dims) < 2:
-            continue
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             size = int({entry.key: entry.value for entry in tensor.external_data}.get("length", 0))
         else:
             size = len(tensor.raw_data) if tensor.HasField("raw_data") else onnx.numpy_helper.to_array(tensor).nbytes
-        sizes[onnx.TensorProto.DataType.Name(tensor.data_type)] += size
-    return sizes
+        name = onnx.TensorProto.DataType.Name(tensor.data_type)
+        every[name] += size
+        if len(tensor.dims) >= 2:
+            matrices[name] += size
+    return WeightBytes(every, matrices)
 
 
 def weights_line(sizes: Counter) -> str:
@@ -102,7 +111,7 @@ def weights_line(sizes: Counter) -> str:
 
 
 def claim_mismatch(dtype: str, sizes: Counter) -> str | None:
-    """Why the graph's weight matrices (`weight_bytes_by_type(..., matrices_only=True)`) are not what the artifact's
+    """Why the graph's weight matrices (`weight_bytes_by_type(graph).matrices`) are not what the artifact's
     dtype claims, or None."""
     total = sum(sizes.values())
     if not total:

@@ -57,8 +57,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         from vllm_sr_runtime.artifact_summary import claim_mismatch, weight_bytes_by_type, weights_line
 
         sizes = weight_bytes_by_type(Path(args.package) / manifest["model_file"])
-        print(weights_line(sizes))
-        if mismatch := claim_mismatch(manifest.get("dtype"), weight_bytes_by_type(Path(args.package) / manifest["model_file"], matrices_only=True)):
+        print(weights_line(sizes.all))
+        if mismatch := claim_mismatch(manifest.get("dtype"), sizes.matrices):
             raise ArtifactError(f"artifact {args.package} is not what it claims: {mismatch}")
         return 0
     ref = resolve_package(args.package, cache_dir=args.cache_dir, offline=args.offline or None)

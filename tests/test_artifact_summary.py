@@ -73,6 +73,7 @@ def test_only_matrices_count_toward_the_claim(tmp_path):
         initializer=[weight, zero],
     )  # fmt: skip
     onnx.save(helper.make_model(graph), tmp_path / "model.onnx")
-    assert summary.weight_bytes_by_type(tmp_path / "model.onnx") == {"FLOAT": 128, "INT8": 4}
-    matrices = summary.weight_bytes_by_type(tmp_path / "model.onnx", matrices_only=True)
+    sizes = summary.weight_bytes_by_type(tmp_path / "model.onnx")
+    assert sizes.all == {"FLOAT": 128, "INT8": 4}
+    matrices = sizes.matrices
     assert matrices == {"FLOAT": 128} and summary.claim_mismatch("int8", matrices) == "it claims int8 and holds no integer weights"

@@ -35,7 +35,7 @@ def test_the_table_is_stored_as_int8_rows_that_every_graph_reads_from_the_main_f
     np.testing.assert_array_equal(written[f"{TABLE}_row_scales"], scales.reshape(-1, 1))
     assert np.abs(written[f"{TABLE}_quantized_rows"] * written[f"{TABLE}_row_scales"] - table).max() <= scales.max() / 2 * 1.001
     # a quarter of the table's bytes, and the shared_context graph reads the main graph's copy
-    before, after = weight_bytes_by_type(tmp_path / "plain" / "model.onnx"), weight_bytes_by_type(tmp_path / "rows" / "model.onnx")
+    before, after = weight_bytes_by_type(tmp_path / "plain" / "model.onnx").all, weight_bytes_by_type(tmp_path / "rows" / "model.onnx").all
     assert before["FLOAT"] - after["FLOAT"] == table.nbytes - scales.nbytes and after["INT8"] - before["INT8"] == table.size
     shared = onnx.load(str(tmp_path / "rows" / "model_shared.onnx"), load_external_data=False)
     read = {tensor.name: {e.key: e.value for e in tensor.external_data}.get("location") for tensor in shared.graph.initializer}

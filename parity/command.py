@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         args.model, profile=args.profile, artifact=args.artifact, shared_min_tokens=args.shared_min_tokens, allow_approximate_shared_context=True, **common
     )  # measuring how far an approximate profile answers is what parity is for
     if args.close_call_margin is not None:
-        candidate.confirm_close_calls(args.close_call_margin, reference.engine, reference.dtype)  # one eager model serves both
+        candidate.confirm_close_calls(args.close_call_margin, lambda: (reference.engine, reference.dtype))  # one eager model serves both
         if candidate.close_calls is None:
             print("close calls: the artifact's int8 graph moved no calibration answer (no margin recorded): none answered again")
     noise = None

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -233,13 +233,15 @@ class DecisionModel:
         check_margin(margin, self.profile)
         return resolve_margin(margin, self.engine, self.profile)
 
-    def confirm_close_calls(self, margin: float | str, reference: Any, reference_label: str) -> None:
-        """From now on, every answer whose top-two margin is below `margin` is answered again by `reference` (an
-        engine of the `exact` profile for this model's family and device). `margin` "artifact": the margin the
-        artifact's int8 export measured (see close_calls.resolve_margin)."""
+    def confirm_close_calls(self, margin: float | str, reference: Callable[[], tuple[Any, str]]) -> None:
+        """From now on, every answer whose top-two margin is below `margin` is answered again by the engine
+        `reference()` returns with its numerics label (an engine of the `exact` profile for this model's family and
+        device; called only once the margin is known to need it, so a refused margin loads nothing). `margin`
+        "artifact": the margin the artifact's int8 export measured (see close_calls.resolve_margin)."""
         value = self.close_call_margin(margin)
         if value is not None:
-            self.close_calls = CloseCallCheck(value, reference, reference_label, DEFAULT_BATCH_TOKENS, RECORDED if margin == RECORDED else "given")
+            engine, label = reference()
+            self.close_calls = CloseCallCheck(value, engine, label, DEFAULT_BATCH_TOKENS, RECORDED if margin == RECORDED else "given")
 
     def plugins(self) -> dict[str, dict]:
         """The plugins this model runs on, each with the distribution that registers it."""
@@ -330,8 +332,7 @@ def load(
     engine, dtype, engine_plugin = build_engine(profile, family, target, artifact=artifact, cache_dir=cache_dir)
     model = DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens, engine_plugin=engine_plugin)
     model.licence_accepted = licence_accepted
-    if close_call_margin is not None and model.close_call_margin(close_call_margin) is not None:  # refused before exact loads
-        reference, label, _ = build_engine("exact", family, target, cache_dir=cache_dir)
-        model.confirm_close_calls(close_call_margin, reference, label)
+    if close_call_margin is not None:
+        model.confirm_close_calls(close_call_margin, lambda: build_engine("exact", family, target, cache_dir=cache_dir)[:2])
     check_weight_budget(model.weight_bytes, memory_budget_bytes, family.model_name, measured=True)
     return model

@@ -48,7 +48,7 @@ def test_exactly_the_answers_below_the_margin_come_from_the_reference(packages, 
     margins = {qid: top_margin(answer_distribution(answer)) for qid, answer in own.items()}
     assert all(not same(own[qid], theirs[qid]) for qid in QUESTIONS)
     margin = float(np.median(list(margins.values())))
-    candidate.confirm_close_calls(margin, other_seed.engine, other_seed.dtype)
+    candidate.confirm_close_calls(margin, lambda: (other_seed.engine, other_seed.dtype))
     before = candidate.shared_questions
     response = candidate.respond(STATE, QUESTIONS)
     if profile == "shared_context":
@@ -83,9 +83,20 @@ def test_margins_outside_the_range_and_profile_exact_are_refused(packages):
     with pytest.raises(InvalidRequest, match="applies to the other profiles"):
         vllm_sr_runtime.load(packages["d3"], profile="exact", close_call_margin=0.1)
     model = vllm_sr_runtime.load(packages["d3"], profile="batching")
+    loads = []
+
+    def reference():
+        loads.append(1)
+        return model.engine, model.dtype
+
     for margin in (0.0, -0.1, 1.5):
         with pytest.raises(InvalidRequest, match=r"must be in \(0, 1\]"):
-            model.confirm_close_calls(margin, model.engine, model.dtype)
+            model.confirm_close_calls(margin, reference)
+    with pytest.raises(InvalidRequest, match="runs no artifact"):
+        model.confirm_close_calls("artifact", reference)
+    assert not loads and model.close_calls is None  # a refused margin loads no reference
+    model.confirm_close_calls(0.25, reference)
+    assert len(loads) == 1 and model.close_calls.margin == 0.25 and model.close_calls.reference is model.engine
     done = subprocess.run(
         [sys.executable, "-m", "vllm_sr_runtime.cli", "serve", str(packages["d3"]), "--profile", "exact", "--close-call-margin", "0.1"],
         capture_output=True, text=True, timeout=120,

@@ -63,7 +63,7 @@ def test_the_reference_does_not_answer_close_calls_again_once_the_run_is_interru
 
     fast, reference = SetsInterrupt(reference_model.engine), PassesWhole(reference_model.engine)
     model = DecisionModel(reference_model.family, fast, "batching", reference_model.device, reference_model.dtype)
-    model.confirm_close_calls(1.0, reference, "fp32")  # every answer is a close call
+    model.confirm_close_calls(1.0, lambda: (reference, "fp32"))  # every answer is a close call
     with pytest.raises(Interrupted):
         model.execute(model.plan(STATE, QUESTIONS), interrupt=interrupt)
     assert fast.passes == 1 and reference.passes == 0

@@ -38,7 +38,7 @@ holds more than one weight; the values are those of `quantize_dynamic`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import onnx_ir as ir
@@ -145,6 +145,32 @@ class _LazyQuantized:
             _, self._scale = self.quantize()
         scale, self._scale = self._scale, None
         return ir.tensor(scale)
+
+
+class _Planned(NamedTuple):
+    """One lazy initializer to be: its name, element type, shape and provenance."""
+
+    name: str
+    dtype: ir.DataType
+    shape: list[int]
+    provenance: tuple
+
+
+def _lazy_pair(traced: TracedGraph, quantize: Callable[[], tuple[np.ndarray, np.ndarray]], values: _Planned, scales: _Planned) -> tuple[ir.Value, ir.Value]:
+    """The values and scales `quantize` computes, computed once when the writer reaches them, as initializers
+    registered with their provenance (so a second graph of the artifact reuses the first one's bytes); values first:
+    the scales come from the values' pass."""
+    lazy = _LazyQuantized(quantize)
+    made = []
+    for plan, read in ((values, lazy.values), (scales, lazy.scale)):
+        shape = ir.Shape(plan.shape)
+        value = ir.Value(
+            name=plan.name, shape=shape, type=ir.TensorType(plan.dtype), const_value=ir.LazyTensor(read, dtype=plan.dtype, shape=shape, name=plan.name)
+        )  # fmt: skip
+        traced.provenance[id(value.const_value)] = plan.provenance
+        traced.model.graph.register_initializer(value)
+        made.append(value)
+    return made[0], made[1]
 
 
 def _per_channel_of(load: Callable[[], np.ndarray], axis: int, transpose: bool, qmax: int = QMAX) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
@@ -399,20 +425,12 @@ def _quantized_weight(
     the artifact reuses the first one's bytes)."""
     kind, name = provenance[0], provenance[1]
     rows, columns = weight.shape[0] * (2 if cross else 1), weight.shape[1]
-    quantized = _LazyQuantized(quantize)
-    key, half = (name, kind), ("_cross" if cross else "")
-    q_value = ir.Value(
-        name=f"{weight.name}_quantized{half}", shape=ir.Shape([rows, columns]), type=ir.TensorType(ir.DataType.INT8),
-        const_value=ir.LazyTensor(quantized.values, dtype=ir.DataType.INT8, shape=ir.Shape([rows, columns]), name=f"{weight.name}_quantized{half}"),
+    half = "_cross" if cross else ""
+    q_value, scale_value = _lazy_pair(
+        traced, quantize,
+        _Planned(f"{weight.name}_quantized{half}", ir.DataType.INT8, [rows, columns], ("int8 cross" if cross else "int8", name, kind)),
+        _Planned(f"{weight.name}_scale{half}", ir.DataType.FLOAT, [columns], ("int8 cross scale" if cross else "int8 scale", name, kind)),
     )  # fmt: skip
-    scale_value = ir.Value(
-        name=f"{weight.name}_scale{half}", shape=ir.Shape([columns]), type=ir.TensorType(ir.DataType.FLOAT),
-        const_value=ir.LazyTensor(quantized.scale, dtype=ir.DataType.FLOAT, shape=ir.Shape([columns]), name=f"{weight.name}_scale{half}"),
-    )  # fmt: skip
-    traced.provenance[id(q_value.const_value)] = ("int8 cross" if cross else "int8", *key)
-    traced.provenance[id(scale_value.const_value)] = ("int8 cross scale" if cross else "int8 scale", *key)
-    for value in (q_value, scale_value):  # in this order: the scales come from the values' pass
-        traced.model.graph.register_initializer(value)
     if cross:  # the cross product reads the high weight's zero points (one per output column either way)
         return q_value, scale_value, None
     zero_value = ir.Value(
@@ -458,21 +476,11 @@ def _blocked_weight(traced: TracedGraph, weight: ir.Value, provenance: tuple) ->
     else:
         const = weight.const_value
         load = lambda: const.numpy().T  # noqa: E731
-    blocked = _LazyQuantized(lambda: quantize_blocks(load()))
-    q_shape, s_shape = ir.Shape([columns, blocks, NBITS_BLOCK]), ir.Shape([columns, blocks])
-    q_value = ir.Value(
-        name=f"{weight.name}_blocked", shape=q_shape, type=ir.TensorType(ir.DataType.UINT8),
-        const_value=ir.LazyTensor(blocked.values, dtype=ir.DataType.UINT8, shape=q_shape, name=f"{weight.name}_blocked"),
+    return _lazy_pair(
+        traced, lambda: quantize_blocks(load()),
+        _Planned(f"{weight.name}_blocked", ir.DataType.UINT8, [columns, blocks, NBITS_BLOCK], ("int8 blocks", name, kind)),
+        _Planned(f"{weight.name}_block_scales", ir.DataType.FLOAT, [columns, blocks], ("int8 block scales", name, kind)),
     )  # fmt: skip
-    scale_value = ir.Value(
-        name=f"{weight.name}_block_scales", shape=s_shape, type=ir.TensorType(ir.DataType.FLOAT),
-        const_value=ir.LazyTensor(blocked.scale, dtype=ir.DataType.FLOAT, shape=s_shape, name=f"{weight.name}_block_scales"),
-    )  # fmt: skip
-    traced.provenance[id(q_value.const_value)] = ("int8 blocks", name, kind)
-    traced.provenance[id(scale_value.const_value)] = ("int8 block scales", name, kind)
-    for value in (q_value, scale_value):  # in this order: the scales come from the values' pass
-        traced.model.graph.register_initializer(value)
-    return q_value, scale_value
 
 
 def quantize_embeddings(traced: TracedGraph, is_table: Callable[[str], bool]) -> int:
@@ -498,19 +506,11 @@ def quantize_embeddings(traced: TracedGraph, is_table: Callable[[str], bool]) ->
                 values, scale = quantize_per_channel(source.load().detach().float().numpy(), 0)
                 return values, scale.reshape(-1, 1)
 
-            lazy = _LazyQuantized(quantize)
-            q_value = ir.Value(
-                name=f"{table.name}_quantized_rows", shape=ir.Shape([rows, columns]), type=ir.TensorType(ir.DataType.INT8),
-                const_value=ir.LazyTensor(lazy.values, dtype=ir.DataType.INT8, shape=ir.Shape([rows, columns]), name=f"{table.name}_quantized_rows"),
+            q_value, scale_value = _lazy_pair(
+                traced, quantize,
+                _Planned(f"{table.name}_quantized_rows", ir.DataType.INT8, [rows, columns], ("int8 rows", provenance[1])),
+                _Planned(f"{table.name}_row_scales", ir.DataType.FLOAT, [rows, 1], ("int8 row scales", provenance[1])),
             )  # fmt: skip
-            scale_value = ir.Value(
-                name=f"{table.name}_row_scales", shape=ir.Shape([rows, 1]), type=ir.TensorType(ir.DataType.FLOAT),
-                const_value=ir.LazyTensor(lazy.scale, dtype=ir.DataType.FLOAT, shape=ir.Shape([rows, 1]), name=f"{table.name}_row_scales"),
-            )  # fmt: skip
-            traced.provenance[id(q_value.const_value)] = ("int8 rows", provenance[1])
-            traced.provenance[id(scale_value.const_value)] = ("int8 row scales", provenance[1])
-            for value in (q_value, scale_value):  # in this order: the scales come from the values' pass
-                graph.register_initializer(value)
             tables[id(table)] = (q_value, scale_value)
         q_value, scale_value = tables[id(table)]
         base = node.name or node.outputs[0].name

@@ -205,15 +205,17 @@ def export_family(
         gdn = gdn_dims(config)
         bar.update()
         measured, calibration_answers = None, []
+        tables = family.export_spec.embedding_tables if dtype == "int8" and int8_embedding == "int8" else ()
         if calibrate:
             phase("calibrate")
-            measured, calibration_answers = measure_int8_sensitivity(family, int8_target, calibration, progress=progress, form=int8_activations, sensitive=int8_sensitive, weight_bits=int8_weight_bits)
+            measured, calibration_answers = measure_int8_sensitivity(
+                family, int8_target, calibration, progress=progress, form=int8_activations, sensitive=int8_sensitive, weight_bits=int8_weight_bits, embedding_tables=tables
+            )  # fmt: skip
             bar.update()
         kept = frozenset(measured["kept"]) if measured else frozenset()
         blocked = frozenset(measured["blocked"]) if measured else frozenset()
         split = frozenset(measured["split"]) if measured else frozenset()
         split_rule = int8_sensitive == "split"
-        tables = family.export_spec.embedding_tables if dtype == "int8" and int8_embedding == "int8" else ()
         phase("trace")
         traced = trace(streamed, skeleton, sample, opset, family.input_names, family.dynamic_axes, family.output_name, translation_table(config))
         bar.update()
@@ -333,11 +335,13 @@ def measure_int8_sensitivity(
     form: str = "token",
     sensitive: str = INT8_SENSITIVE_CHOICES[0],
     weight_bits: int = WEIGHT_BITS_CHOICES[0],
+    embedding_tables: tuple[str, ...] = (),
 ) -> tuple[dict, list[list[float] | None]]:
     """The Linears this package keeps FP32 under int8, measured on the eager FP32 module (loaded for this only) on
     `calibration` (default: the built-in requests), as the manifest records them, and the eager answers to the
-    calibration questions. Refused, before loading anything, where the eager model and its backward would not fit
-    in free memory."""
+    calibration questions; with the `embedding_tables` stored as int8 rows, their rounding counted too. Refused,
+    before loading anything, where the eager model and its backward would not fit in free memory, and after
+    measuring where the int8 tables alone move a calibration answer's margin beyond `target` (no choice helps)."""
     parameters = int(family.card().get("parameters") or 0)
     needed, available = int8_sensitivity.CALIBRATION_BYTES_PER_PARAMETER * parameters, available_memory_bytes()
     if available is not None and needed > available:
@@ -353,8 +357,17 @@ def measure_int8_sensitivity(
     rounding = form if form in int8_sensitivity.ROUNDING_FORMS else "token"
     # `sensitive`: where the most harmful Linears go first, the block form (if the rest run per token) or FP32
     tier = sensitive if sensitive in int8_sensitivity.TIER_FORMS and form == "token" else None
-    sensitivity = int8_sensitivity.measure(family, eager, list(calibration.requests), progress=progress, form=rounding, tier=tier, weight_bits=weight_bits)
+    sensitivity = int8_sensitivity.measure(
+        family, eager, list(calibration.requests), progress=progress, form=rounding, tier=tier, weight_bits=weight_bits, embedding_tables=embedding_tables
+    )  # fmt: skip
     del eager
+    alone = sensitivity.fixed_spread()
+    if alone is not None and alone > target:
+        raise ArtifactError(
+            f"--int8-embedding int8: rounding the token embedding table's rows alone moves a calibration answer by {alone:.3g} of "
+            f"its margin (first order; the target is {target}), and keeping MatMuls FP32 cannot undo that: this package "
+            "needs its table FP32. Export without --int8-embedding int8 (or raise --int8-target and judge it with `parity`)"
+        )
     if tier:
         kept, tiered = int8_sensitivity.choose_tiers(sensitivity, target)
     else:

@@ -106,16 +106,25 @@ class Sensitivity:
     # every calibration question's eager answer (its probability per option), in the requests' order, near-ties
     # included: the reference the finished graph is checked against without running the eager model again
     answers: list[list[float] | None] = field(default_factory=list)
+    # [rows] the predicted variance of each row's margin from what int8 rounds whatever the choice keeps: the token
+    # embedding tables stored as int8 rows (`measure(embedding_tables=...)`); None: nothing
+    fixed_variance: np.ndarray | None = None
 
     def spread(self, kept: Iterable[str] = ()) -> np.ndarray:
         """Each row's predicted sigma / |margin| with the `kept` Linears FP32."""
         kept = set(kept)
         return self.spread_of(np.array([name not in kept for name in self.names], dtype=bool))
 
+    def fixed_spread(self) -> float | None:
+        """The largest predicted sigma / |margin| of what no choice keeps FP32 (the int8 embedding tables), or None."""
+        return None if self.fixed_variance is None else float((np.sqrt(self.fixed_variance) / self.margins).max())
+
     def spread_of(self, quantized: np.ndarray, tiered: np.ndarray | None = None) -> np.ndarray:
         """Each row's predicted sigma / |margin| with only the Linears the boolean mask `quantized` marks in int8
         (those `tiered` marks in the middle tier's form, the others in the measured form)."""
         variance = self.variance[:, quantized].sum(axis=1)
+        if self.fixed_variance is not None:
+            variance = variance + self.fixed_variance
         if tiered is not None and tiered.any():
             variance = variance + self.tier_variance[:, tiered].sum(axis=1)
         return np.sqrt(variance) / self.margins
@@ -132,13 +141,15 @@ def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ..
 
 def measure(
     family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False, form: str = "token", tier: str | None = None,
-    weight_bits: int = WEIGHT_BITS,
+    weight_bits: int = WEIGHT_BITS, embedding_tables: tuple[str, ...] = (),
 ) -> Sensitivity:
     """First-order int8 sensitivity of every quantizable Linear of the eager FP32 `module`, on every answer row
     of `requests` ((state, questions) pairs) that is not a near-tie, with the rounding of the int8 `form` (`token`
     or `block`), and with a `tier` form (`block` or `split`) that of that form too (`tier_variance`, for
     `choose_tiers`); the integer products' weights at `weight_bits` (the block form's stay at 8); `progress`: a
-    bar over the questions (each costs one forward and one backward pass: ~12 s at 0.75B parameters on 2 cores)."""
+    bar over the questions (each costs one forward and one backward pass: ~12 s at 0.75B parameters on 2 cores).
+    `embedding_tables`: the token embedding weights stored as int8 rows (`--int8-embedding int8`); each looked-up
+    vector carries its row's rounding whatever the choice keeps FP32, measured the same way into `fixed_variance`."""
     if form not in ROUNDING_FORMS:
         raise ValueError(f"int8 sensitivity is measured for the {' or '.join(ROUNDING_FORMS)} forms, not {form!r}")
     if tier is not None and tier not in TIER_FORMS:
@@ -147,16 +158,20 @@ def measure(
     if not linears:
         raise ValueError(f"{family.model_name} has no Linear that int8 quantizes")
     names = list(linears)
+    tables = table_embeddings(module, embedding_tables)
     captured: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    looked_up: list[torch.Tensor] = []  # every vector the int8 tables returned in this pass
     hooks = [layer.register_forward_hook(lambda _, args, out, key=key: captured.__setitem__(key, (args[0], out))) for key, layer in linears.items()]
+    hooks += [table.register_forward_hook(lambda _, args, out: looked_up.append(out)) for table in tables]
     flags = {parameter: parameter.requires_grad for parameter in module.parameters()}
     for parameter in module.parameters():
         parameter.requires_grad_(False)
-    for layer in linears.values():
+    for layer in [*linears.values(), *tables]:
         layer.weight.requires_grad_(True)  # so every Linear's output is in the autograd graph; no weight gradient is asked for
     rows: list[np.ndarray] = []
     tier_rows: list[np.ndarray] = []
     margins: list[float] = []
+    fixed: list[float] = []
     answers: list[list[float] | None] = []
     bar = tqdm(total=sum(len(questions) for _, questions in requests), desc="calibration questions", unit="question", leave=False, disable=not progress)
     try:
@@ -165,6 +180,7 @@ def measure(
                 bar.update()
                 (batch,) = family.plan(state, {key: question}).batches
                 captured.clear()
+                looked_up.clear()
                 inputs = {name: torch.from_numpy(np.ascontiguousarray(batch.inputs[name])) for name in family.input_names}
                 with torch.enable_grad():
                     output = module(**inputs)[0]
@@ -174,14 +190,21 @@ def measure(
                     if direction is None:
                         continue
                     target = (output.float() * torch.from_numpy(direction)).sum()
-                    gradients = torch.autograd.grad(target, [captured[name][1] for name in names])
+                    gradients = torch.autograd.grad(target, [*(captured[name][1] for name in names), *looked_up])
+                gradients, table_gradients = gradients[: len(names)], gradients[len(names) :]
+                if tables:  # a looked-up vector is its table row: rounded per row, as quantize_embeddings stores it
+                    change = sum(
+                        (_rounding_error(vectors.detach().reshape(-1, vectors.shape[-1]).float(), None) * g.reshape(-1, g.shape[-1]).float()).sum(dtype=torch.float64)
+                        for vectors, g in zip(looked_up, table_gradients)
+                    )  # fmt: skip
+                    fixed.append(float(change) ** 2)
                 forms = (form, tier) if tier else (form,)
                 variances = np.array([_variances(captured[name][0].detach(), g, linears[name].weight.detach(), forms, weight_bits) for name, g in zip(names, gradients)])
                 rows.append(variances[:, 0])
                 if tier:
                     tier_rows.append(variances[:, 1])
                 margins.append(margin)
-                del output, gradients
+                del output, gradients, table_gradients
     finally:
         bar.close()
         for hook in hooks:
@@ -189,10 +212,22 @@ def measure(
         for parameter, flag in flags.items():
             parameter.requires_grad_(flag)
         captured.clear()
+        looked_up.clear()
     if not rows:
         raise ValueError("int8 calibration: every calibration answer is a near-tie; no margin to protect")
     macs = np.array([linears[key].weight.numel() for key in names], dtype=np.float64)
-    return Sensitivity(names, macs, np.stack(rows), np.array(margins), answers=answers, tier_variance=np.stack(tier_rows) if tier else None, tier_form=tier)
+    return Sensitivity(
+        names, macs, np.stack(rows), np.array(margins), answers=answers, tier_variance=np.stack(tier_rows) if tier else None, tier_form=tier,
+        fixed_variance=np.array(fixed) if tables else None,
+    )  # fmt: skip
+
+
+def table_embeddings(module: torch.nn.Module, embedding_tables: tuple[str, ...]) -> list[torch.nn.Embedding]:
+    """The Embedding modules whose weights `embedding_tables` names (refused where one names none)."""
+    found = {f"{name}.weight": layer for name, layer in module.named_modules() if isinstance(layer, torch.nn.Embedding) and f"{name}.weight" in embedding_tables}
+    if missing := [name for name in embedding_tables if name not in found]:
+        raise ValueError(f"int8 embedding tables not found as Embedding modules: {', '.join(missing)}")
+    return list(found.values())
 
 
 def choose(sensitivity: Sensitivity, target: float = DEFAULT_TARGET) -> list[str]:
@@ -258,6 +293,8 @@ def summary(sensitivity: Sensitivity, kept: list[str], target: float, tiered: li
         "split_share_of_quantizable_macs": share(blocked_set) if sensitivity.tier_form == "split" else 0.0,
         "predicted_spread_all_int8": round(float(before.max()), 4),
         "predicted_spread_chosen": round(float(after.max()), 4),
+        # what the int8 embedding table alone moves (None: the table stays FP32); no choice of Linears lowers it
+        "predicted_spread_embedding": None if sensitivity.fixed_variance is None else round(sensitivity.fixed_spread(), 4),
         "answers": [
             {"margin": round(float(margin), 4), "predicted_change_all_int8": round(float(b * margin), 5), "predicted_change_chosen": round(float(a * margin), 5)}
             for margin, b, a in zip(sensitivity.margins, before, after)

@@ -32,6 +32,7 @@ def measured_int8_lines(measured: dict) -> list[str]:
         f"({measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds), {len(measured['blocked'])} in the block form "
         f"({measured['blocked_share_of_quantizable_macs']:.0%}), {len(measured['split'])} in the split form ({measured['split_share_of_quantizable_macs']:.0%}); predicted margin spread "
         f"{measured['predicted_spread_all_int8']:.3g} -> {measured['predicted_spread_chosen']:.3g} of the margin (target {measured['target']})"
+        + (f"; the int8 embedding table alone: {embedding:.3g} (included in both)" if (embedding := measured.get("predicted_spread_embedding")) is not None else "")
     ]
     checked = measured["calibration_parity"]  # None where the export opened no CPU session
     if checked:

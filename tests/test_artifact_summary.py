@@ -77,3 +77,18 @@ def test_only_matrices_count_toward_the_claim(tmp_path):
     assert sizes.all == {"FLOAT": 128, "INT8": 4}
     matrices = sizes.matrices
     assert matrices == {"FLOAT": 128} and summary.claim_mismatch("int8", matrices) == "it claims int8 and holds no integer weights"
+
+
+def test_the_measured_line_says_what_the_int8_embedding_table_alone_moves():
+    """An artifact measured with its table as int8 rows (int8.measured.predicted_spread_embedding) says that share;
+    one measured before the field existed, or with the table FP32, says nothing of it."""
+    measured = {
+        "rows": 30, "calibration": {"file": None}, "kept": ["a.weight"], "kept_share_of_quantizable_macs": 0.12, "blocked": [],
+        "blocked_share_of_quantizable_macs": 0.0, "split": [], "split_share_of_quantizable_macs": 0.0, "predicted_spread_all_int8": 0.485,
+        "predicted_spread_chosen": 0.223, "target": 0.25, "calibration_parity": None,
+    }  # fmt: skip
+    (plain,) = summary.measured_int8_lines(measured)
+    assert plain.endswith("predicted margin spread 0.485 -> 0.223 of the margin (target 0.25)")
+    assert summary.measured_int8_lines({**measured, "predicted_spread_embedding": None}) == [plain]
+    (line,) = summary.measured_int8_lines({**measured, "predicted_spread_embedding": 0.104})
+    assert line == plain + "; the int8 embedding table alone: 0.104 (included in both)"

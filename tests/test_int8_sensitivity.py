@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -15,7 +16,8 @@ import torch
 import vllm_sr_runtime
 from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, int8_products_saturate
 from vllm_sr_runtime.export import int8_options, int8_sensitivity
-from vllm_sr_runtime.export.exporter import build_export_module, export_package
+from vllm_sr_runtime.errors import ArtifactError
+from vllm_sr_runtime.export.exporter import build_export_module, export_package, measure_int8_sensitivity
 from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS, NBITS_BLOCK
 from vllm_sr_runtime.families.answers import answer_distribution
 from vllm_sr_runtime.parity.suite import short_suite
@@ -145,6 +147,71 @@ def test_tiers_move_the_most_harmful_linears_to_the_block_form_before_fp32():
     sensitivity.tier_form = "split"  # the same choice, recorded as the split tier's
     split = int8_sensitivity.summary(sensitivity, kept, 1.0, blocked)
     assert split["split"] == ["c"] and split["split_share_of_quantizable_macs"] == 0.5 and split["blocked"] == []
+
+
+@pytest.mark.parametrize("name", ["d3", "d2_qwen3_5"])
+def test_the_int8_embedding_tables_rounding_is_measured_as_what_no_choice_removes(models, name):
+    """With the token embedding table stored as int8 rows, each calibration row's measured fixed change is the
+    derivative it claims to be (a fraction of every row's rounding added to the eager table moves the log-margin by
+    that fraction of it, within 20%); it adds to every choice's spread, so the choice keeps at least the Linears it
+    keeps without it, and the summary records it."""
+    family = models(name).family
+    module = build_export_module(family, "fp32")
+    (table_name,) = family.export_spec.embedding_tables
+    table = dict(module.named_modules())[table_name.removesuffix(".weight")]
+    requests = [(state, {key: question}) for state, questions in int8_sensitivity.builtin_calibration().requests for key, question in questions.items()]
+    flags = [p.requires_grad for p in module.parameters()]
+    plain = int8_sensitivity.measure(family, module, requests)
+    measured = int8_sensitivity.measure(family, module, requests, embedding_tables=family.export_spec.embedding_tables)
+    assert [p.requires_grad for p in module.parameters()] == flags
+    assert plain.fixed_variance is None and plain.fixed_spread() is None
+    assert measured.fixed_variance.shape == measured.margins.shape and (measured.fixed_variance > 0).all()
+    np.testing.assert_allclose(measured.variance, plain.variance, rtol=1e-6)  # the Linears' terms are unchanged
+    original = table.weight.detach().clone()
+    checked = 0
+    for state, questions in requests:
+        try:
+            one = int8_sensitivity.measure(family, module, [(state, questions)], embedding_tables=family.export_spec.embedding_tables)
+        except ValueError:  # a near-tie: nothing to measure on this row
+            continue
+        baseline, indices = _log_margin(family, module, state, questions)
+        assert baseline == pytest.approx(one.margins[0], rel=1e-4)
+        moved = []
+        for fraction in (FRACTION, -FRACTION):  # central differences: the second-order term cancels
+            with torch.no_grad():
+                table.weight.copy_(original + fraction * (_rounded_per_row(original) - original))
+            try:
+                moved.append(_log_margin(family, module, state, questions, indices)[0])
+            finally:
+                with torch.no_grad():
+                    table.weight.copy_(original)
+        moved = (moved[0] - moved[1]) / (2 * FRACTION)
+        predicted = math.sqrt(one.fixed_variance[0])
+        assert abs(abs(moved) - predicted) <= 0.2 * predicted, (moved, predicted)
+        checked += 1
+        if checked == 3:
+            break
+    assert checked == 3
+    target = float(np.median(plain.spread()))
+    assert set(int8_sensitivity.choose(plain, target)) <= set(int8_sensitivity.choose(measured, target))
+    kept = int8_sensitivity.choose(measured, target)
+    summary = int8_sensitivity.summary(measured, kept, target)
+    assert summary["predicted_spread_embedding"] == round(measured.fixed_spread(), 4)
+    assert summary["predicted_spread_chosen"] >= summary["predicted_spread_embedding"]
+    assert int8_sensitivity.summary(plain, int8_sensitivity.choose(plain, target), target)["predicted_spread_embedding"] is None
+
+
+def test_an_int8_embedding_table_that_alone_misses_the_target_is_refused(models):
+    """No choice of FP32 MatMuls undoes the table's rounding: where it alone moves a calibration answer beyond the
+    target, the measured export refuses the table, saying why and what to do; a target it meets passes."""
+    family = models("d3").family
+    tables = family.export_spec.embedding_tables
+    builtin = int8_sensitivity.builtin_calibration()
+    calibration = dataclasses.replace(builtin, requests=builtin.requests[:2])
+    with pytest.raises(ArtifactError, match=r"--int8-embedding int8: rounding the token embedding table's rows alone .* needs its table FP32"):
+        measure_int8_sensitivity(family, 1e-6, calibration, embedding_tables=tables)
+    measured, _ = measure_int8_sensitivity(family, 10.0, calibration, embedding_tables=tables)
+    assert 0 < measured["predicted_spread_embedding"] <= 10.0 and measured["kept"] == []
 
 
 def test_the_split_tier_is_measured_with_the_rounding_its_two_halves_leave(models):
@@ -282,7 +349,6 @@ def test_measured_int8_is_refused_before_loading_where_its_backward_does_not_fit
     """Where ~16 bytes per parameter are not free the export refuses with the numbers and the way out (`rule`),
     leaves no artifact, and the fixed rule still exports in the same memory."""
     from vllm_sr_runtime.export import exporter
-    from vllm_sr_runtime.errors import ArtifactError
 
     monkeypatch.setattr(exporter, "available_memory_bytes", lambda: 1024)
     skeleton_only = exporter.build_export_module

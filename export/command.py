@@ -158,7 +158,8 @@ def register(sub) -> None:
     parser.add_argument(
         "--int8-embedding", choices=EMBEDDING_CHOICES,
         help="--dtype int8: the token embedding table fp32 (default) or int8 with one scale per row (a quarter of its bytes: "
-        "most of an int8 artifact's; each token's vector then carries its row's rounding, so judge it with `parity`)",
+        "most of an int8 artifact's; each token's vector then carries its row's rounding: --int8-fp32 measured counts it and "
+        "refuses the table where it alone misses --int8-target; judge it with `parity`)",
     )  # fmt: skip
     add_source_options(parser)
     add_quiet_option(parser)

@@ -10,7 +10,9 @@ d_l = <x_err, g W> + <W_err, g^T x>, and v_l = d_l^2. The Linears' moves are com
 vary from layer to layer), so a row's predicted spread is sigma = sqrt(sum over quantized l of v_l); a decision
 flips when f crosses 0, i.e. when the move exceeds |f|.
 Linears are kept FP32, most harmful first (sum over rows of v_l / f^2), until every calibration row's sigma / |f|
-is at most the target.
+is at most the target. With the token embedding table stored as int8 rows (`--int8-embedding int8`), the looked-up
+vectors e carry their rows' rounding e_err: d_e = <e_err, df/de> adds to every row's variance whatever is kept, so
+the choice keeps what the target then needs, and a table whose term alone passes the target is refused.
 
 Why measured: on d3-lite fixtures of one recipe the sensitivity differs 100x between seeds (`parity
 --weight-noise int8`: seed 0 moves 0.0006 median, seed 3 0.08), and within one package it concentrates in the

@@ -192,6 +192,11 @@ def measure(
                     if direction is None:
                         continue
                     target = (output.float() * torch.from_numpy(direction)).sum()
+                    if unreached := [name for name in names if name not in captured]:
+                        raise ValueError(
+                            f"int8 calibration: {len(unreached)} Linear(s) of the quantized towers {family.export_spec.quantized_towers} did not run on a "
+                            f"calibration question, so their rounding cannot be measured (first: {unreached[0]}); a tower that text does not reach must stay out of the family's ExportSpec.quantized_towers"
+                        )
                     gradients = torch.autograd.grad(target, [*(captured[name][1] for name in names), *looked_up])
                 gradients, table_gradients = gradients[: len(names)], gradients[len(names) :]
                 if tables:  # a looked-up vector is its table row: rounded per row, as quantize_embeddings stores it

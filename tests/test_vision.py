@@ -377,3 +377,47 @@ def test_media_graphs_tell_causal_from_noncausal(packages, vision_artifact, tmp_
         assert max_difference(eager[name], fast[name], **media) <= TOLERANCE
     assert max_difference(eager["d3_vision"], eager["d3_vision_causal"], **media) > FAR
     assert max_difference(fast["d3_vision"], fast["d3_vision_causal"], **media) > FAR
+
+
+def test_the_default_int8_export_of_a_vision_package_measures_and_quantizes_the_text_tower_only(packages, tmp_path):
+    """`export --dtype int8` (the measured choice, its default) on a package with a vision tower: the calibration
+    is text, so it measures the text tower's Linears; the vision graph stays FP32 and the media text graph is int8;
+    a request with an image answers through the artifact like exact."""
+    import json
+    from collections import Counter
+
+    import onnx
+
+    from vllm_sr_runtime.export.exporter import export_package
+
+    artifact = tmp_path / "int8"
+    export_package(packages["d3_vision"], artifact, dtype="int8", progress=False)
+    manifest = json.loads((artifact / "artifact.json").read_text())
+    measured = manifest["int8"]["measured"]
+    assert manifest["int8"]["fp32_choice"] == "measured" and measured["rows"] > 0
+    assert all(name.startswith("text_model.") for name in [*measured["kept"], *measured["blocked"], *measured["split"]])
+    ops = {graph: Counter(node.op_type for node in onnx.load(str(artifact / manifest["media"][graph]["model_file"]), load_external_data=False).graph.node) for graph in ("vision", "text")}
+    assert ops["vision"]["MatMul"] > 0 and not any("Integer" in op or "Quantize" in op for op in ops["vision"])
+    assert ops["text"]["MatMulIntegerToFloat"] > 0
+    assert all(smoke["decisions_changed_beyond_near_ties"] == 0 for smoke in manifest["media"]["smoke_parity"].values())
+    exact = vllm_sr_runtime.load(packages["d3_vision"])
+    fast = vllm_sr_runtime.load(packages["d3_vision"], profile="max_speed", artifact=artifact)
+    expected, got = exact.respond("Describe the media.", QUESTIONS, [IMAGE], None), fast.respond("Describe the media.", QUESTIONS, [IMAGE], None)
+    assert got.input_tokens == expected.input_tokens
+    assert abs(got.answers["red"]["noul"] - expected.answers["red"]["noul"]) <= 0.05
+    for option, probability in expected.answers["what"]["probabilities"].items():
+        assert abs(got.answers["what"]["probabilities"][option] - probability) <= 0.05
+
+
+def test_int8_calibration_refuses_a_quantized_tower_that_text_does_not_reach(models, monkeypatch):
+    """A family that declares its vision tower quantized cannot have it measured on text calibration: the
+    measurement names the unreached Linear instead of failing on a missing capture."""
+    from vllm_sr_runtime.export import int8_sensitivity
+    from vllm_sr_runtime.export.exporter import build_export_module
+    from vllm_sr_runtime.families.base import ExportSpec
+
+    family = models("d3_vision").family
+    module = build_export_module(family, "fp32")
+    monkeypatch.setattr(family, "export_spec", ExportSpec(quantized_towers=("text_model.", "visual.")))
+    with pytest.raises(ValueError, match=r"did not run on a calibration question.*first: visual\."):
+        int8_sensitivity.measure(family, module, int8_sensitivity.builtin_calibration().requests)

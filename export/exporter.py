@@ -17,7 +17,7 @@ from vllm_sr_runtime.export.context import ExportContext
 from vllm_sr_runtime.export.disk_space import check_disk_space
 from vllm_sr_runtime.export.graph_emit import emit_graph, gdn_dims, io_schema, translation_table
 from vllm_sr_runtime.export.graph_passes import op_counts
-from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS
+from vllm_sr_runtime.export.int8 import INT8_FP32_PROJECTIONS, Int8Layout
 from vllm_sr_runtime.export.int8_options import ACTIVATION_FORMS, DEFAULT_TARGET, EMBEDDING_CHOICES, INT8_FORMS, INT8_FP32_CHOICES, INT8_SENSITIVE_CHOICES, WEIGHT_BITS_CHOICES
 from vllm_sr_runtime.export import int8_sensitivity
 from vllm_sr_runtime.export.phases import PhaseClock, available_memory_bytes
@@ -212,16 +212,16 @@ def export_family(
                 family, int8_target, calibration, progress=progress, form=int8_activations, sensitive=int8_sensitive, weight_bits=int8_weight_bits, embedding_tables=tables
             )  # fmt: skip
             bar.update()
-        kept = frozenset(measured["kept"]) if measured else frozenset()
-        blocked = frozenset(measured["blocked"]) if measured else frozenset()
-        split = frozenset(measured["split"]) if measured else frozenset()
         split_rule = int8_sensitive == "split"
+        layout = Int8Layout(
+            towers, int8_activations, *(frozenset(measured[key]) if measured else frozenset() for key in ("kept", "blocked", "split")), split_rule, int8_weight_bits, tables
+        )  # fmt: skip
         phase("trace")
         traced = trace(streamed, skeleton, sample, opset, family.input_names, family.dynamic_axes, family.output_name, translation_table(config))
         bar.update()
         with atomic_directory(out) as temp:
             phase("write")
-            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, quantized_towers=towers, int8_activations=int8_activations, int8_kept=kept, int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule, int8_weight_bits=int8_weight_bits, int8_embedding_tables=tables)
+            proto, main_weights = emit_graph(traced, temp, MODEL_FILE, DATA_FILE, dtype, progress=progress, int8=layout)
             reuse = main_weights["index"]
             buckets = write_static_graphs(proto, temp, family, gdn, static_lengths, MODEL_FILE) if static_lengths else None
             del traced, proto
@@ -255,10 +255,7 @@ def export_family(
                 measured["calibration_parity"] = graph_parity(family, engine, calibration.requests, calibration_answers)
                 measured["calibration_parity"]["close_call_margin"] = margin_for(measured["calibration_parity"]["max_abs_diff"])
             bar.update()
-            context = ExportContext(
-                family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8_activations=int8_activations, int8_kept=kept,
-                int8_blocked=blocked, int8_split=split, int8_split_rule=split_rule, int8_weight_bits=int8_weight_bits, int8_embedding_tables=tables,
-            )  # fmt: skip
+            context = ExportContext(family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8=layout)
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
             del eager, context
@@ -299,7 +296,7 @@ def _export_shared(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("shared write")
-    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked, int8_split=context.int8_split, int8_split_rule=context.int8_split_rule, int8_weight_bits=context.int8_weight_bits, int8_embedding_tables=context.int8_embedding_tables)
+    model, weights = emit_graph(traced, temp, SHARED_MODEL_FILE, SHARED_DATA_FILE, dtype, reuse=context.reuse, int8=context.int8)
     onnx.checker.check_model(str(temp / SHARED_MODEL_FILE), full_check=False)
     io = {"inputs": io_schema(model.graph.input), "outputs": io_schema(model.graph.output)}
     del model, traced

@@ -9,7 +9,7 @@ import onnx
 import torch
 
 from vllm_sr_runtime.export.graph_passes import cast_mixed_rms_norms, drop_untyped_shapes, trim_contrib_outputs
-from vllm_sr_runtime.export.int8 import WEIGHT_BITS, quantize_embeddings, quantize_matmuls, stays_fp32
+from vllm_sr_runtime.export.int8 import Int8Layout, quantize_embeddings, quantize_matmuls
 from vllm_sr_runtime.export.streaming import TracedGraph, write_graph
 
 IO_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
@@ -24,29 +24,15 @@ def emit_graph(
     *,
     progress: bool = False,
     reuse: dict | None = None,
-    quantized_towers: tuple[str, ...] = (),
-    int8_activations: str = "token",
-    int8_kept: frozenset[str] = frozenset(),
-    int8_blocked: frozenset[str] = frozenset(),
-    int8_split: frozenset[str] = frozenset(),
-    int8_split_rule: bool = False,
-    int8_weight_bits: int = WEIGHT_BITS,
-    int8_embedding_tables: tuple[str, ...] = (),
+    int8: Int8Layout = Int8Layout(),
 ) -> tuple[onnx.ModelProto, dict]:
-    """Quantize the graph's MatMuls for int8 (each weight quantized when it is written), stream its
-    weights into `data_file` (or point them at the main graph's, where `reuse` has them), apply the graph
-    passes, and save it as `file`. Returns the graph (external references) and weight counts. Under int8 only
-    the `quantized_towers` (the family's ExportSpec) are quantized, less the fixed rule's and `int8_kept`'s weights;
-    `int8_blocked`'s in the block form, `int8_split`'s and (with `int8_split_rule`) the fixed rule's in the split form;
-    the integer products' weights at `int8_weight_bits`; the `int8_embedding_tables` as int8 rows."""
+    """Quantize the graph's MatMuls for int8 (each weight quantized when it is written, where `int8` puts it), stream
+    its weights into `data_file` (or point them at the main graph's, where `reuse` has them), apply the graph
+    passes, and save it as `file`. Returns the graph (external references) and weight counts."""
     if dtype == "int8":
-
-        def split(name: str) -> bool:
-            return name in int8_split or (int8_split_rule and name.startswith(quantized_towers) and stays_fp32(name, quantized_towers))
-
-        quantize_matmuls(traced, lambda name: stays_fp32(name, quantized_towers) or name in int8_kept, int8_activations, int8_blocked.__contains__, split, int8_weight_bits)
-        if int8_embedding_tables:
-            quantize_embeddings(traced, int8_embedding_tables.__contains__)
+        quantize_matmuls(traced, int8.keeps_fp32, int8.activations, int8.blocked.__contains__, int8.splits, int8.weight_bits)
+        if int8.embedding_tables:
+            quantize_embeddings(traced, int8.embedding_tables.__contains__)
     drop_untyped_shapes(traced.model)
     proto, written = write_graph(traced, temp / file, data_file, progress=progress, reuse=reuse)
     trim_contrib_outputs(proto)

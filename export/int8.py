@@ -92,6 +92,29 @@ def stays_fp32(name: str, quantized_towers: tuple[str, ...]) -> bool:
     return not name.startswith(quantized_towers) or name.endswith(INT8_FP32_PROJECTIONS)
 
 
+@dataclass(frozen=True)
+class Int8Layout:
+    """Where `--dtype int8` puts the weights of one export's graphs (the main, shared_context and media text
+    graphs read the same): the family's quantized `towers`, less the fixed rule's and the measured choice's `kept`
+    FP32 weights; `blocked`'s in the block form, `split`'s and (with `split_rule`) the fixed rule's in the split form;
+    the integer products' weights at `weight_bits`; the `embedding_tables` stored as int8 rows."""
+
+    towers: tuple[str, ...] = ()
+    activations: str = "token"
+    kept: frozenset[str] = frozenset()
+    blocked: frozenset[str] = frozenset()
+    split: frozenset[str] = frozenset()
+    split_rule: bool = False
+    weight_bits: int = WEIGHT_BITS
+    embedding_tables: tuple[str, ...] = ()
+
+    def keeps_fp32(self, name: str) -> bool:
+        return stays_fp32(name, self.towers) or name in self.kept
+
+    def splits(self, name: str) -> bool:
+        return name in self.split or (self.split_rule and name.startswith(self.towers) and stays_fp32(name, self.towers))
+
+
 def quantize_per_channel(weight: np.ndarray, axis: int, qmax: int = QMAX) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 quantization of a 2-D weight with one scale per index of `axis` into [-qmax, qmax]: (int8
     values, float32 scales), at 8 bits equal to quant_utils.quantize_data applied to each channel as ORT's quantizer does."""

@@ -41,7 +41,7 @@ def export_media(context: ExportContext) -> dict:
     context.step()
     phase("vision write")
     vision_dtype = "fp32" if dtype == "int8" else dtype
-    proto, _ = emit_graph(vision, temp, VISION_FILE, VISION_DATA_FILE, vision_dtype, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked, int8_split=context.int8_split, int8_split_rule=context.int8_split_rule, int8_weight_bits=context.int8_weight_bits, int8_embedding_tables=context.int8_embedding_tables)
+    proto, _ = emit_graph(vision, temp, VISION_FILE, VISION_DATA_FILE, vision_dtype)
     vision_io = {"inputs": io_schema(proto.graph.input), "outputs": io_schema(proto.graph.output)}
     del vision, proto
     onnx.checker.check_model(str(temp / VISION_FILE), full_check=False)
@@ -59,7 +59,7 @@ def export_media(context: ExportContext) -> dict:
     )  # fmt: skip
     context.step()
     phase("media write")
-    proto, weights = emit_graph(text, temp, MEDIA_MODEL_FILE, MEDIA_DATA_FILE, dtype, reuse=context.reuse, quantized_towers=family.export_spec.quantized_towers, int8_activations=context.int8_activations, int8_kept=context.int8_kept, int8_blocked=context.int8_blocked, int8_split=context.int8_split, int8_split_rule=context.int8_split_rule, int8_weight_bits=context.int8_weight_bits, int8_embedding_tables=context.int8_embedding_tables)
+    proto, weights = emit_graph(text, temp, MEDIA_MODEL_FILE, MEDIA_DATA_FILE, dtype, reuse=context.reuse, int8=context.int8)
     text_io = {"inputs": io_schema(proto.graph.input), "outputs": io_schema(proto.graph.output)}
     del text, proto
     onnx.checker.check_model(str(temp / MEDIA_MODEL_FILE), full_check=False)

@@ -28,7 +28,7 @@ from vllm_sr_runtime.accelerators import CUDA
 from vllm_sr_runtime.close_calls import margin_for
 from vllm_sr_runtime.cpu_features import SAFE_WEIGHT_BITS, widest_int8_weight_bits
 from vllm_sr_runtime.errors import ArtifactError
-from vllm_sr_runtime.export.export_options import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, PORTABLE_DTYPES, SUPPORTED_DTYPES, VARIANTS
+from vllm_sr_runtime.export.export_options import DEFAULT_OPSET, MAX_OPSET, MEDIA_VARIANTS, MIN_OPSET, PORTABLE_DTYPES, SUPPORTED_DTYPES, VARIANTS
 from vllm_sr_runtime.families import open_family
 from vllm_sr_runtime.families.base import Family
 from vllm_sr_runtime.numerics import Numerics
@@ -183,10 +183,10 @@ def export_family(
     if calibrate:
         calibration = int8_sensitivity.calibration_requests(int8_calibration) if int8_calibration is not None else int8_sensitivity.builtin_calibration()
         int8_sensitivity.check_calibration(family, calibration)
-    if variant == "portable" and family.reads_media:
+    if variant not in MEDIA_VARIANTS and family.reads_media:
         raise ArtifactError(
-            "the portable variant has no media graphs yet (MIGraphX compiles static shapes; the vision tower's patch "
-            "count varies per request): export the contrib variant for packages with a vision tower"
+            f"the {variant} variant has no media graphs yet (MIGraphX compiles static shapes; the vision tower's patch "
+            f"count varies per request): export the {' or '.join(MEDIA_VARIANTS)} variant for packages with a vision tower"
         )
     static_lengths = static_sequence_lengths(family.max_input_tokens, lengths) if variant == "portable" else None
     disk_needed = check_disk_space(out, family.card().get("parameters"), dtype)

@@ -1,7 +1,8 @@
 """`vllm-sr-runtime selftest`: one command that validates a host end to end.
 
 Devices found; `exact` vs `max_speed` parity for each artifact dtype the device runs, on tiny fixtures of
-every family (and, on a GPU, a real-dimension Decision 3.0 nano fixture), each gated; on a GPU also the
+every family (a Decision 3.0 one with a vision tower also asked about images and videos, through the artifact's
+media graphs), and, on a GPU, a real-dimension Decision 3.0 nano fixture), each gated; on a GPU also the
 device's own `exact` numerics (BF16) against FP32 `exact` on the CPU; forward latency of both profiles at a
 few prompt lengths; requests/s at a few client counts against a real `serve` (of the fastest artifact, or of
 `exact` where the host's ONNX Runtime lacks the device's provider). Writes selftest.json; a failed gate makes
@@ -31,7 +32,8 @@ FIXTURES = {  # name -> `fixture` options; confident readouts, so a changed deci
     "d2-qwen3": {"family": "decision2", "backbone": "qwen3"},
     "d2-qwen3_5": {"family": "decision2", "backbone": "qwen3_5"},
     "d2-lora": {"family": "decision2", "backbone": "qwen3_5", "adapter": True},
-    "d3": {"family": "decision3"},
+    "d3-vision": {"family": "decision3", "vision": True},  # the released Decision 3.0 layout: its media graphs checked too
+    "d3": {"family": "decision3"},  # last: the fixture measured for latency and serving
 }
 REAL_DIMENSION = {"d3-nano": {"family": "decision3", "size": "nano"}}
 READOUT_SCALE = 8.0
@@ -91,23 +93,29 @@ def _fixture(name: str, spec: dict, root: Path) -> tuple[Path, Path | None]:
     from vllm_sr_runtime.synthetic.writer import write_synthetic_package
 
     out = root / name
-    written = write_synthetic_package(spec["family"], out, backbone=spec.get("backbone"), size=spec.get("size", "tiny"), adapter=spec.get("adapter", False), readout_scale=READOUT_SCALE)  # fmt: skip
+    written = write_synthetic_package(spec["family"], out, backbone=spec.get("backbone"), size=spec.get("size", "tiny"), adapter=spec.get("adapter", False), vision=spec.get("vision", False), readout_scale=READOUT_SCALE)  # fmt: skip
     return out, (written[1] if len(written) > 1 else None)
 
 
 def _compared(reference: Any, candidate: Any, questions: int) -> tuple[list[dict], dict]:
-    """`parity`'s rows and summary of the candidate against the reference on the short suite's first questions."""
+    """`parity`'s rows and summary of the candidate against the reference on the short suite's first questions, and,
+    for a model that reads media, the built-in suite's image and video requests."""
     from vllm_sr_runtime.parity.compare import compare, summarize
-    from vllm_sr_runtime.parity.suite import short_suite
+    from vllm_sr_runtime.parity.suite import builtin_suite, short_suite
 
-    rows = compare(reference, candidate, short_suite(reference.family.max_input_tokens, questions=questions), progress=False)
+    limit = reference.family.max_input_tokens
+    suite = short_suite(limit, questions=questions)
+    if reference.reads_media:
+        suite += [request for request in builtin_suite(limit, media=True) if request.images or request.videos]
+    rows = compare(reference, candidate, suite, progress=False)
     return rows, summarize(rows)
 
 
 def _row(summary: dict, gate: dict, failed: list[str]) -> dict:
     return {
         "questions": summary["compared"], "decisions_changed": summary["decisions_changed"], "changed_rate": summary["changed_rate"],
-        "max_abs_diff": summary["abs_diff"]["max"], "median_abs_diff": summary["abs_diff"]["median"], "gate": gate, "failed": failed,
+        "max_abs_diff": summary["abs_diff"]["max"], "median_abs_diff": summary["abs_diff"]["median"], "inputs": sorted(summary["abs_diff_by_media"]),
+        "gate": gate, "failed": failed,
     }  # fmt: skip
 
 
@@ -208,6 +216,7 @@ def _serve_rps(package: Path, profile: str, artifact: Path | None, device: str, 
 def run_selftest(options: SelftestOptions) -> dict:
     import vllm_sr_runtime
     from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS, widest_int8_weight_bits
+    from vllm_sr_runtime.export.export_options import MEDIA_VARIANTS
     from vllm_sr_runtime.export.exporter import export_package
     from vllm_sr_runtime.bench.forward import run_forward
     from vllm_sr_runtime.devices import parse_device
@@ -219,7 +228,10 @@ def run_selftest(options: SelftestOptions) -> dict:
     dtypes = options.dtypes or list(device.spec.artifact_dtypes)
     real_dimension = device.kind != "cpu" if options.real_dimension is None else options.real_dimension
     chosen = {name: FIXTURES[name] for name in options.fixtures} | (REAL_DIMENSION if real_dimension else {})
-    report: dict = {"devices": devices_found(), "device": device.name, "variant": variant, "dtypes": dtypes, "parity": [], "latency": [], "http": []}
+    # a vision fixture where the device's variant writes no media graphs: skipped and said, not failed
+    skipped = {name: f"the {variant} variant has no media graphs" for name, spec in chosen.items() if spec.get("vision") and variant not in MEDIA_VARIANTS}
+    chosen = {name: spec for name, spec in chosen.items() if name not in skipped}
+    report: dict = {"devices": devices_found(), "device": device.name, "variant": variant, "dtypes": dtypes, "skipped": skipped, "parity": [], "latency": [], "http": []}
 
     def log(message: str) -> None:
         if options.progress:
@@ -302,6 +314,8 @@ def print_report(report: dict) -> None:
         print(f"{'forward ' + row['profile'] + ' @' + str(row['length']) + ' tok':44} {'':18} {row['median_ms']:>34.1f} ms{ratio}")
     for row in report["http"]:
         print(f"{'serve ' + row['profile'] + ', ' + str(row['clients']) + ' clients':44} {row['dtype']:18} {row['rps']:>32.1f} req/s")
+    for name, why in report.get("skipped", {}).items():
+        print(f"skipped {name}: {why}")
     for failure in report["failed"]:
         print(f"FAILED {failure}", file=sys.stderr)
     print(f"selftest: {'FAILED' if report['failed'] else 'passed'} in {report['seconds']:.0f} s")

@@ -105,6 +105,44 @@ def test_selftest_exports_int8_at_the_weight_width_a_saturating_cpu_serves(tmp_p
     assert [(entry["profile"], entry["dtype"]) for entry in report["http"]] == [("max_speed", "int8")]
 
 
+def test_selftest_asks_a_vision_fixture_about_images_and_videos_through_the_artifact(tmp_path):
+    """The released Decision 3.0 layout has a vision tower: its fixture's parity rows add the built-in suite's image
+    and video requests, answered by the artifact's media graphs against exact's eager tower (fp32: within 1e-4)."""
+    from vllm_sr_runtime.parity.selftest import SelftestOptions, run_selftest
+    from vllm_sr_runtime.parity.suite import builtin_suite
+
+    options = SelftestOptions(
+        device="cpu", out=tmp_path / "selftest", fixtures=["d3-vision"], dtypes=["fp32"], real_dimension=False, lengths=[64],
+        clients=[1], http_seconds=0.5, questions=4, repeats=1, progress=False,
+    )  # fmt: skip
+    report = run_selftest(options)
+    (row,) = report["parity"]
+    media = [request for request in builtin_suite(4096, media=True) if request.images or request.videos]
+    assert row["fixture"] == "d3-vision" and row["failed"] == [], row
+    assert row["inputs"] == ["image", "image+video", "text", "video"] and row["questions"] == 4 + sum(len(r.questions) for r in media)
+    assert row["max_abs_diff"] <= 1e-4
+    manifest = json.loads((tmp_path / "selftest" / "artifacts" / "d3-vision-contrib-fp32" / "artifact.json").read_text())
+    assert manifest["media"]["vision"]["model_file"] == "vision.onnx"
+
+
+def test_a_vision_fixture_is_skipped_and_said_where_the_devices_variant_writes_no_media_graphs(tmp_path, monkeypatch, capsys):
+    """ROCm's portable variant has no media graphs (its export refuses a vision tower): the vision fixture is reported
+    as skipped with the reason, not as a failed parity row, and the run does not fail for it."""
+    from types import SimpleNamespace
+
+    from vllm_sr_runtime import devices
+    from vllm_sr_runtime.parity.selftest import SelftestOptions, print_report, run_selftest
+
+    portable = SimpleNamespace(kind="cpu", name="cpu", spec=SimpleNamespace(variant="portable", artifact_dtypes=("fp32",)))
+    monkeypatch.setattr(devices, "parse_device", lambda _: portable)
+    options = SelftestOptions(device="cpu", out=tmp_path / "selftest", fixtures=["d3-vision"], dtypes=["fp32"], real_dimension=False, progress=False)
+    report = run_selftest(options)
+    assert report["skipped"] == {"d3-vision": "the portable variant has no media graphs"}
+    assert report["parity"] == [] and report["failed"] == [] and not (tmp_path / "selftest" / "fixtures" / "d3-vision").exists()
+    print_report(report)
+    assert "skipped d3-vision: the portable variant has no media graphs" in capsys.readouterr().out
+
+
 MASTER_AND_WORKER = """
 import os, signal, sys, time
 log, mode = sys.argv[1], sys.argv[2]

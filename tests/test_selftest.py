@@ -86,18 +86,24 @@ def test_selftest_serves_exact_when_no_artifact_runs(tmp_path):
     assert report["http"][0]["rps"] > 0 and set(report["http"][0]["statuses"]) == {"200"}
 
 
+def _quick_selftest(tmp_path, fixture: str, dtype: str) -> dict:
+    """run_selftest on one CPU fixture and dtype, its latency, serving and parity cut to a few seconds."""
+    from vllm_sr_runtime.parity.selftest import SelftestOptions, run_selftest
+
+    options = SelftestOptions(
+        device="cpu", out=tmp_path / "selftest", fixtures=[fixture], dtypes=[dtype], real_dimension=False, lengths=[64],
+        clients=[1], http_seconds=0.5, questions=4, repeats=1, progress=False,
+    )  # fmt: skip
+    return run_selftest(options)
+
+
 def test_selftest_exports_int8_at_the_weight_width_a_saturating_cpu_serves(tmp_path, monkeypatch):
     """On a CPU whose u8 x s8 products saturate (no VNNI; the detection patched here), selftest exports its int8 row
     with 7-bit weights: the engine refuses 8-bit ones there, so an 8-bit export would fail the row at load."""
     from vllm_sr_runtime import cpu_features
-    from vllm_sr_runtime.parity.selftest import SelftestOptions, run_selftest
 
     monkeypatch.setattr(cpu_features, "int8_products_saturate", lambda: True)
-    options = SelftestOptions(
-        device="cpu", out=tmp_path / "selftest", fixtures=["d3"], dtypes=["int8"], real_dimension=False, lengths=[64],
-        clients=[1], http_seconds=0.5, questions=4, repeats=1, progress=False,
-    )  # fmt: skip
-    report = run_selftest(options)
+    report = _quick_selftest(tmp_path, "d3", "int8")
     (row,) = report["parity"]
     assert row["dtype"] == "int8" and row["int8_weight_bits"] == 7 and row["failed"] == [], row
     manifest = json.loads((tmp_path / "selftest" / "artifacts" / "d3-contrib-int8" / "artifact.json").read_text())
@@ -108,14 +114,9 @@ def test_selftest_exports_int8_at_the_weight_width_a_saturating_cpu_serves(tmp_p
 def test_selftest_asks_a_vision_fixture_about_images_and_videos_through_the_artifact(tmp_path):
     """The released Decision 3.0 layout has a vision tower: its fixture's parity rows add the built-in suite's image
     and video requests, answered by the artifact's media graphs against exact's eager tower (fp32: within 1e-4)."""
-    from vllm_sr_runtime.parity.selftest import SelftestOptions, run_selftest
     from vllm_sr_runtime.parity.suite import builtin_suite
 
-    options = SelftestOptions(
-        device="cpu", out=tmp_path / "selftest", fixtures=["d3-vision"], dtypes=["fp32"], real_dimension=False, lengths=[64],
-        clients=[1], http_seconds=0.5, questions=4, repeats=1, progress=False,
-    )  # fmt: skip
-    report = run_selftest(options)
+    report = _quick_selftest(tmp_path, "d3-vision", "fp32")
     (row,) = report["parity"]
     media = [request for request in builtin_suite(4096, media=True) if request.images or request.videos]
     assert row["fixture"] == "d3-vision" and row["failed"] == [], row

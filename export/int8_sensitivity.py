@@ -72,12 +72,13 @@ def builtin_calibration() -> Calibration:
 
 def calibration_requests(path: Path) -> Calibration:
     """A JSONL request file (`parity --suite`'s format) to calibrate on: requests like the traffic the model will
-    serve. Text only: the media graphs stay FP32 under int8, so an image or a video has nothing to calibrate."""
+    serve. Text only: the measurement runs the token-id forward. Under int8 the vision graph stays FP32 and the media
+    text graph quantizes the Linears the text rows measure, so answers on images and videos are judged by `parity`."""
     path = Path(path)
     requests = load_jsonl(path)
     with_media = [request.id for request in requests if request.images or request.videos]
     if with_media:
-        raise ValueError(f"{path}: int8 calibration requests are text only (the media graphs stay FP32 under int8); with media: {', '.join(with_media[:5])}")
+        raise ValueError(f"{path}: int8 calibration requests are text only (the measurement runs the token-id forward; the vision graph stays FP32 and the media text graph quantizes the Linears the text rows measure: judge answers on media with `parity`); with media: {', '.join(with_media[:5])}")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return _calibration(tuple((request.state, request.questions) for request in requests), {"name": path.name, "sha256": digest})
 

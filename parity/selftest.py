@@ -2,7 +2,7 @@
 
 Devices found; `exact` vs `max_speed` parity for each artifact dtype the device runs, on tiny fixtures of
 every family (a Decision 3.0 one with a vision tower also asked about images and videos, through the artifact's
-media graphs), and, on a GPU, a real-dimension Decision 3.0 nano fixture), each gated; on a GPU also the
+media graphs) and, on a GPU, a real-dimension Decision 3.0 nano fixture, each gated; on a GPU also the
 device's own `exact` numerics (BF16) against FP32 `exact` on the CPU; forward latency of both profiles at a
 few prompt lengths; requests/s at a few client counts against a real `serve` (of the fastest artifact, or of
 `exact` where the host's ONNX Runtime lacks the device's provider). Writes selftest.json; a failed gate makes

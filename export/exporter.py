@@ -213,9 +213,8 @@ def export_family(
             )  # fmt: skip
             bar.update()
         split_rule = int8_sensitive == "split"
-        layout = Int8Layout(
-            towers, int8_activations, *(frozenset(measured[key]) if measured else frozenset() for key in ("kept", "blocked", "split")), split_rule, int8_weight_bits, tables
-        )  # fmt: skip
+        chosen = {key: frozenset(measured[key]) if measured else frozenset() for key in ("kept", "blocked", "split")}
+        layout = Int8Layout(towers=towers, activations=int8_activations, **chosen, split_rule=split_rule, weight_bits=int8_weight_bits, embedding_tables=tables)
         phase("trace")
         traced = trace(streamed, skeleton, sample, opset, family.input_names, family.dynamic_axes, family.output_name, translation_table(config))
         bar.update()

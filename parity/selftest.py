@@ -314,7 +314,7 @@ def print_report(report: dict) -> None:
         print(f"{'forward ' + row['profile'] + ' @' + str(row['length']) + ' tok':44} {'':18} {row['median_ms']:>34.1f} ms{ratio}")
     for row in report["http"]:
         print(f"{'serve ' + row['profile'] + ', ' + str(row['clients']) + ' clients':44} {row['dtype']:18} {row['rps']:>32.1f} req/s")
-    for name, why in report.get("skipped", {}).items():
+    for name, why in report["skipped"].items():
         print(f"skipped {name}: {why}")
     for failure in report["failed"]:
         print(f"FAILED {failure}", file=sys.stderr)

@@ -147,7 +147,7 @@ def register(sub) -> None:
     parser.add_argument(
         "--int8-calibration", metavar="FILE.jsonl",
         help="--int8-fp32 measured: measure on these requests (one System One request per line, as `parity --suite` reads; "
-        "text only) instead of the built-in ones: requests like the traffic the model will serve",
+        "with images/videos for a package with a vision tower) instead of the built-in ones: requests like the traffic the model will serve",
     )  # fmt: skip
     parser.add_argument(
         "--int8-weight-bits", type=int, choices=WEIGHT_BITS_CHOICES,

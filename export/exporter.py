@@ -181,7 +181,7 @@ def export_family(
     calibrate = dtype == "int8" and int8_fp32 == "measured"
     calibration = None
     if calibrate:
-        calibration = int8_sensitivity.calibration_requests(int8_calibration) if int8_calibration is not None else int8_sensitivity.builtin_calibration()
+        calibration = int8_sensitivity.calibration_requests(int8_calibration) if int8_calibration is not None else int8_sensitivity.builtin_calibration(family)
         int8_sensitivity.check_calibration(family, calibration)
     if variant not in MEDIA_VARIANTS and family.reads_media:
         raise ArtifactError(
@@ -250,14 +250,15 @@ def export_family(
                 parity = smoke_parity(family, eager, engine)
                 check_smoke(parity, dtype)
                 golden = golden_answers(family, eager)
-            if measured is not None and engine is not None and not saturates_here:  # the int8 graph itself on the answers the choice protected (recorded, not gated)
-                measured["calibration_parity"] = graph_parity(family, engine, calibration.requests, calibration_answers)
-                measured["calibration_parity"]["close_call_margin"] = margin_for(measured["calibration_parity"]["max_abs_diff"])
             bar.update()
             context = ExportContext(family, streamed, temp, variant, dtype, opset, phase, bar.update, reuse=reuse, engine=engine, eager=eager, int8=layout)
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
             del eager, context
+            if measured is not None and engine is not None and not saturates_here:  # the int8 graphs themselves on the answers the choice protected (recorded, not gated)
+                media_requests = calibration.prepared_media(family)
+                measured["calibration_parity"] = graph_parity(family, engine, calibration.requests, calibration_answers, media_requests)
+                measured["calibration_parity"]["close_call_margin"] = margin_for(measured["calibration_parity"]["max_abs_diff"])
             phase("finalize")
             last_layer = "readout_rows" if getattr(skeleton, "prunes_last_layer", False) else "full"
             manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, parity, shared, media, last_layer)
@@ -347,14 +348,15 @@ def measure_int8_sensitivity(
             "the artifact with `vllm-sr-runtime parity`"
         )
     eager = build_export_module(family, "fp32")
-    calibration = calibration or int8_sensitivity.builtin_calibration()
+    calibration = calibration or int8_sensitivity.builtin_calibration(family)
     # the per-tensor form is measured as per token: its single scale is data-wide, which a first-order model of
     # one calibration row at a time cannot see
     rounding = form if form in int8_sensitivity.ROUNDING_FORMS else "token"
     # `sensitive`: where the most harmful Linears go first, the block form (if the rest run per token) or FP32
     tier = sensitive if sensitive in int8_sensitivity.TIER_FORMS and form == "token" else None
     sensitivity = int8_sensitivity.measure(
-        family, eager, list(calibration.requests), progress=progress, form=rounding, tier=tier, weight_bits=weight_bits, embedding_tables=embedding_tables
+        family, eager, list(calibration.requests), progress=progress, form=rounding, tier=tier, weight_bits=weight_bits, embedding_tables=embedding_tables,
+        media_requests=calibration.prepared_media(family),
     )  # fmt: skip
     del eager
     alone = sensitivity.fixed_spread()

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from vllm_sr_runtime.engines.feature_memo import FeatureMemo, vision_inputs
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.export.int8 import NBITS_BLOCK, QMAX, WEIGHT_BITS, split_low_steps, stays_fp32, weight_qmax
 from vllm_sr_runtime.export.int8_options import DEFAULT_TARGET
@@ -55,44 +56,85 @@ ROUNDING_FORMS = ("token", "block")  # the int8 forms whose rounding the measure
 TIER_FORMS = ("block", "split")  # the forms a middle tier between the measured form and FP32 can take
 
 
+# The built-in calibration's requests (by index) asked again with the family's own sample media, for a package that
+# reads images and videos: the vision features fill the first layers' inputs at the placeholders, with magnitudes
+# that token embeddings do not have, and int8 rounds them per token like any other row.
+BUILTIN_MEDIA_REQUESTS = ((2, "images+video"), (4, "images"))
+
+
+@dataclass(frozen=True)
+class MediaRequest:
+    """A calibration request that reads images/videos: data URLs from a request file, or the family's own sample
+    media (`sample`: "images" or "images+video") for the built-in calibration."""
+
+    state: Any
+    questions: dict
+    images: list[str] | None = None
+    videos: list[str] | None = None
+    sample: str | None = None
+
+    def prepare(self, family: Family) -> Any:
+        """The decoded, preprocessed media (`Family.prepare_media`'s form)."""
+        if self.sample is not None:
+            return family.sample_media(videos=self.sample == "images+video")
+        return family.prepare_media(self.images, self.videos)
+
+
 @dataclass(frozen=True)
 class Calibration:
-    requests: tuple[tuple[Any, dict], ...]  # (state, questions)
+    requests: tuple[tuple[Any, dict], ...]  # (state, questions): text requests
     source: dict  # what artifact.json records: the file (name, sha256) or null for the built-in requests, and counts
+    media: tuple[MediaRequest, ...] = ()  # requests that read images/videos (measured after the text ones)
+
+    def prepared_media(self, family: Family) -> list[tuple[Any, dict, Any]]:
+        """(state, questions, prepared media) per media request, in order: what `measure` and `graph_parity` read."""
+        return [(request.state, request.questions, request.prepare(family)) for request in self.media]
 
 
-def _calibration(requests: tuple[tuple[Any, dict], ...], file: dict | None) -> Calibration:
-    return Calibration(requests, {"file": file, "requests": len(requests), "questions": sum(len(questions) for _, questions in requests)})
+def _calibration(requests: tuple[tuple[Any, dict], ...], file: dict | None, media: tuple[MediaRequest, ...] = ()) -> Calibration:
+    questions = sum(len(questions) for _, questions in requests) + sum(len(request.questions) for request in media)
+    return Calibration(requests, {"file": file, "requests": len(requests) + len(media), "questions": questions, "media_requests": len(media)}, media)
 
 
-def builtin_calibration() -> Calibration:
-    """The built-in calibration requests (`BUILTIN_CALIBRATION_FILE`); the manifest records them as no file."""
-    return _calibration(tuple((request.state, request.questions) for request in load_jsonl(BUILTIN_CALIBRATION_FILE)), None)
+def builtin_calibration(family: Family | None = None) -> Calibration:
+    """The built-in calibration requests (`BUILTIN_CALIBRATION_FILE`); the manifest records them as no file. For a
+    `family` that reads images and videos, some of them again with its sample media (`BUILTIN_MEDIA_REQUESTS`)."""
+    requests = tuple((request.state, request.questions) for request in load_jsonl(BUILTIN_CALIBRATION_FILE))
+    media: tuple[MediaRequest, ...] = ()
+    if family is not None and family.reads_media:
+        media = tuple(MediaRequest(requests[index][0], requests[index][1], sample=sample) for index, sample in BUILTIN_MEDIA_REQUESTS)
+    return _calibration(requests, None, media)
 
 
 def calibration_requests(path: Path) -> Calibration:
     """A JSONL request file (`parity --suite`'s format) to calibrate on: requests like the traffic the model will
-    serve. Text only: the measurement runs the token-id forward. Under int8 the vision graph stays FP32 and the media
-    text graph quantizes the Linears the text rows measure, so answers on images and videos are judged by `parity`."""
+    serve. Requests with images/videos (for a package with a vision tower) run the vision tower in FP32, as the
+    artifact's vision graph does, and measure the text tower's Linears on the rows its features fill."""
     path = Path(path)
     requests = load_jsonl(path)
-    with_media = [request.id for request in requests if request.images or request.videos]
-    if with_media:
-        raise ValueError(f"{path}: int8 calibration requests are text only (the measurement runs the token-id forward; the vision graph stays FP32 and the media text graph quantizes the Linears the text rows measure: judge answers on media with `parity`); with media: {', '.join(with_media[:5])}")
+    text = tuple((request.state, request.questions) for request in requests if not (request.images or request.videos))
+    media = tuple(MediaRequest(request.state, request.questions, request.images, request.videos) for request in requests if request.images or request.videos)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return _calibration(tuple((request.state, request.questions) for request in requests), {"name": path.name, "sha256": digest})
+    return _calibration(text, {"name": path.name, "sha256": digest}, media)
 
 
 def check_calibration(family: Family, calibration: Calibration) -> None:
-    """Every calibration question renders for this family (checked before the export does any work)."""
+    """Every calibration question renders for this family, and every request's media decodes for it (checked
+    before the export does any work)."""
     for number, (state, questions) in enumerate(calibration.requests, start=1):
-        try:
-            errors = family.plan(state, questions).errors
-        except InvalidRequest as exc:
-            raise ValueError(f"int8 calibration request {number}: {exc}") from None
-        if errors:
-            problems = "; ".join(f"{qid}: {answer['message']}" for qid, answer in errors.items())
-            raise ValueError(f"int8 calibration request {number}: {problems}")
+        _check_request(family, f"int8 calibration request {number}", state, questions, lambda: None)
+    for number, request in enumerate(calibration.media, start=1):
+        _check_request(family, f"int8 calibration request {number} with media", request.state, request.questions, lambda: request.prepare(family))
+
+
+def _check_request(family: Family, name: str, state: Any, questions: dict, media: Any) -> None:
+    try:
+        errors = family.plan(state, questions, media=media()).errors
+    except InvalidRequest as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    if errors:
+        problems = "; ".join(f"{qid}: {answer['message']}" for qid, answer in errors.items())
+        raise ValueError(f"{name}: {problems}")
 
 
 @dataclass
@@ -144,7 +186,7 @@ def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ..
 
 def measure(
     family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False, form: str = "token", tier: str | None = None,
-    weight_bits: int = WEIGHT_BITS, embedding_tables: tuple[str, ...] = (),
+    weight_bits: int = WEIGHT_BITS, embedding_tables: tuple[str, ...] = (), media_requests: Iterable[tuple[Any, dict, Any]] = (),
 ) -> Sensitivity:
     """First-order int8 sensitivity of every quantizable Linear of the eager FP32 `module`, on every answer row
     of `requests` ((state, questions) pairs) that is not a near-tie, with the rounding of the int8 `form` (`token`
@@ -152,7 +194,9 @@ def measure(
     `choose_tiers`); the integer products' weights at `weight_bits` (the block form's stay at 8); `progress`: a
     bar over the questions (each costs one forward and one backward pass: ~12 s at 0.75B parameters on 2 cores).
     `embedding_tables`: the token embedding weights stored as int8 rows (`--int8-embedding int8`); each looked-up
-    vector carries its row's rounding whatever the choice keeps FP32, measured the same way into `fixed_variance`."""
+    vector carries its row's rounding whatever the choice keeps FP32, measured the same way into `fixed_variance`.
+    `media_requests`: (state, questions, prepared media) measured after `requests`, their rows through the module's
+    forward_features with the vision tower's features computed without gradients (its graph stays FP32)."""
     if form not in ROUNDING_FORMS:
         raise ValueError(f"int8 sensitivity is measured for the {' or '.join(ROUNDING_FORMS)} forms, not {form!r}")
     if tier is not None and tier not in TIER_FORMS:
@@ -176,27 +220,29 @@ def measure(
     margins: list[float] = []
     fixed: list[float] = []
     answers: list[list[float] | None] = []
-    bar = tqdm(total=sum(len(questions) for _, questions in requests), desc="calibration questions", unit="question", leave=False, disable=not progress)
+    everything = [(state, questions, None) for state, questions in requests] + list(media_requests)
+    memo = FeatureMemo(family.media_modalities)
+    bar = tqdm(total=sum(len(questions) for _, questions, _ in everything), desc="calibration questions", unit="question", leave=False, disable=not progress)
     try:
-        for state, questions in requests:
+        for state, questions, media in everything:
             for key, question in questions.items():  # one row per pass: the backward holds one row's activations
                 bar.update()
-                (batch,) = family.plan(state, {key: question}).batches
+                (batch,) = family.plan(state, {key: question}, media=media).batches
                 captured.clear()
                 looked_up.clear()
-                inputs = {name: torch.from_numpy(np.ascontiguousarray(batch.inputs[name])) for name in family.input_names}
                 with torch.enable_grad():
-                    output = module(**inputs)[0]
+                    output = _forward(family, module, batch, memo)[0]
                     row = output.detach().float().numpy().astype(np.float64)
                     answers.append(answer_distribution(family.answer(batch.items[0], row)))
                     direction, margin = _margin_direction(family, batch.items[0], row, answers[-1])
                     if direction is None:
                         continue
                     target = (output.float() * torch.from_numpy(direction)).sum()
-                    if unreached := [name for name in names if name not in captured]:
+                    # the vision tower runs without gradients (its graph stays FP32): a Linear there is unreached too
+                    if unreached := [name for name in names if name not in captured or not captured[name][1].requires_grad]:
                         raise ValueError(
-                            f"int8 calibration: {len(unreached)} Linear(s) of the quantized towers {family.export_spec.quantized_towers} did not run on a "
-                            f"calibration question, so their rounding cannot be measured (first: {unreached[0]}); a tower that text does not reach must stay out of the family's ExportSpec.quantized_towers"
+                            f"int8 calibration: {len(unreached)} Linear(s) of the quantized towers {family.export_spec.quantized_towers} did not run in a "
+                            f"calibration question's text pass, so their rounding cannot be measured (first: {unreached[0]}); a tower outside the text pass must stay out of the family's ExportSpec.quantized_towers"
                         )
                     gradients = torch.autograd.grad(target, [*(captured[name][1] for name in names), *looked_up])
                 gradients, table_gradients = gradients[: len(names)], gradients[len(names) :]
@@ -228,6 +274,21 @@ def measure(
         names, macs, np.stack(rows), np.array(margins), answers=answers, tier_variance=np.stack(tier_rows) if tier else None, tier_form=tier,
         fixed_variance=np.array(fixed) if tables else None,
     )  # fmt: skip
+
+
+def _forward(family: Family, module: torch.nn.Module, batch: Any, memo: FeatureMemo) -> torch.Tensor:
+    """The module's output for one batch: the token-id forward, or for rows that read media the vision tower without
+    gradients (once per request's pixels) and forward_features over its features."""
+    if not batch.media:
+        return module(**{name: _tensor(batch.inputs[name]) for name in family.input_names})
+    skipped = vision_inputs(family.media_modalities)
+    with torch.no_grad():
+        features = memo.features(batch.inputs, lambda pixels, grid: module.visual_features(_tensor(batch.inputs[pixels]), _tensor(batch.inputs[grid])), lambda: module.visual_features(None, None))
+    return module.forward_features(**{name: _tensor(value) for name, value in batch.inputs.items() if name not in skipped}, **features)
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array))
 
 
 def table_embeddings(module: torch.nn.Module, embedding_tables: tuple[str, ...]) -> list[torch.nn.Embedding]:

@@ -80,11 +80,14 @@ def smoke_parity(family: Family, module: torch.nn.Module, engine: Any, profile: 
     return compare_answers(pairs)
 
 
-def graph_parity(family: Family, engine: Any, requests: tuple[tuple[Any, dict], ...], reference: list[list[float] | None]) -> dict:
-    """The graph vs answers the eager model already gave (`reference`: one per question, in the requests' order),
-    without running the eager model again."""
+def graph_parity(
+    family: Family, engine: Any, requests: tuple[tuple[Any, dict], ...], reference: list[list[float] | None], media_requests: Iterable[tuple[Any, dict, Any]] = ()
+) -> dict:  # fmt: skip
+    """The graph vs answers the eager model already gave (`reference`: one per question, in the requests' order, then
+    the `media_requests`' (state, questions, prepared media)), without running the eager model again."""
     graph = cpu_model(family, engine)
-    answers = [answer_distribution(answer) for state, questions in requests for answer in graph.ask(state, questions).values()]
+    plans = [family.plan(state, questions) for state, questions in requests] + [family.plan(state, questions, media=media) for state, questions, media in media_requests]
+    answers = [answer_distribution(answer) for plan in plans for answer in graph.execute(plan).answers.values()]
     if len(answers) != len(reference):
         raise ValueError(f"{len(reference)} reference answers for {len(answers)} questions")
     return compare_answers(zip(reference, answers))

@@ -75,7 +75,8 @@ SATURATES_HERE = (
 
 
 def calibration_source(source: dict) -> str:
-    return f" from {source['file']['name']}" if source.get("file") else " (built-in requests)"
+    media = f"; {source['media_requests']} of {source['requests']} requests with images/videos" if source.get("media_requests") else ""
+    return f" from {source['file']['name']}{media}" if source.get("file") else f" (built-in requests{media})"
 
 
 class WeightBytes(NamedTuple):

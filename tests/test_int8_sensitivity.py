@@ -103,7 +103,7 @@ def test_the_builtin_calibration_is_the_suite_generators_questions_that_parity_s
     expected = [request for request in short_suite(4094, 110) if request.id not in parity_short]
     calibration = int8_sensitivity.builtin_calibration()
     assert [(state, questions) for state, questions in calibration.requests] == [(request.state, request.questions) for request in expected]
-    assert calibration.source == {"file": None, "requests": 8, "questions": 30}
+    assert calibration.source == {"file": None, "requests": 8, "questions": 30, "media_requests": 0}
     assert {question["type"] for _, questions in calibration.requests for question in questions.values()} == {"choice", "score", "noul"}
     assert any(isinstance(state, dict) for state, _ in calibration.requests) and any(isinstance(state, str) for state, _ in calibration.requests)
 
@@ -370,8 +370,8 @@ def _write_requests(path, requests):
 
 def test_a_calibration_file_is_what_the_measurement_runs_on(packages, models, tmp_path):
     """`--int8-calibration FILE.jsonl`: the measurement runs one pass per answer of the file's requests (near-ties
-    aside), the manifest names the file by sha256, and a request the family cannot render, one with media or a file
-    given without int8 measured is refused before any work."""
+    aside), the manifest names the file by sha256, and a request the family cannot render, one with media for a
+    package without a vision tower, or a file given without int8 measured is refused before any work."""
     from vllm_sr_runtime.export.exporter import measure_int8_sensitivity
 
     family = models("d3").family
@@ -381,7 +381,7 @@ def test_a_calibration_file_is_what_the_measurement_runs_on(packages, models, tm
     ]  # fmt: skip
     path = _write_requests(tmp_path / "traffic.jsonl", requests)
     calibration = int8_sensitivity.calibration_requests(path)
-    assert calibration.source == {"file": {"name": "traffic.jsonl", "sha256": __import__("hashlib").sha256(path.read_bytes()).hexdigest()}, "requests": 2, "questions": 3}
+    assert calibration.source == {"file": {"name": "traffic.jsonl", "sha256": __import__("hashlib").sha256(path.read_bytes()).hexdigest()}, "requests": 2, "questions": 3, "media_requests": 0}
     int8_sensitivity.check_calibration(family, calibration)
 
     measured, answers = measure_int8_sensitivity(family, 0.5, calibration)
@@ -393,7 +393,7 @@ def test_a_calibration_file_is_what_the_measurement_runs_on(packages, models, tm
             ordered = sorted(answer_distribution(answer), reverse=True)
             near_ties += ordered[0] - ordered[1] < int8_sensitivity.NEAR_TIE_MARGIN
     assert measured["rows"] == 3 - near_ties > 0 and measured["calibration"] == calibration.source
-    assert measure_int8_sensitivity(family, 0.5)[0]["calibration"] == {"file": None, "requests": 8, "questions": 30}
+    assert measure_int8_sensitivity(family, 0.5)[0]["calibration"] == {"file": None, "requests": 8, "questions": 30, "media_requests": 0}
 
     bad = _write_requests(tmp_path / "bad.jsonl", [{"state": "x", "questions": {"q": {"type": "choice", "criteria": {}}}}])
     with pytest.raises(ValueError, match=r"bad.jsonl:1: questions\['q'\]: a choice needs 2..255 options"):  # as the server refuses it
@@ -402,8 +402,8 @@ def test_a_calibration_file_is_what_the_measurement_runs_on(packages, models, tm
     with pytest.raises(ValueError, match="calibration request 1: q: "):  # a question this family cannot render
         int8_sensitivity.check_calibration(family, int8_sensitivity.calibration_requests(unrendered))
     media = _write_requests(tmp_path / "media.jsonl", [{"id": "pic", "state": "x", "questions": requests[0]["questions"], "images": ["data:image/png;base64,AA=="]}])
-    with pytest.raises(ValueError, match="text only.*pic"):
-        int8_sensitivity.calibration_requests(media)
+    with pytest.raises(ValueError, match="calibration request 1 with media: model .* has no vision tower"):
+        int8_sensitivity.check_calibration(family, int8_sensitivity.calibration_requests(media))
     with pytest.raises(ValueError, match="--int8-calibration"):
         export_package(packages["d3"], tmp_path / "rule", dtype="int8", int8_fp32="rule", int8_calibration=path, progress=False)
     assert not (tmp_path / "rule").exists()

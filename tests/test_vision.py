@@ -380,9 +380,10 @@ def test_media_graphs_tell_causal_from_noncausal(packages, vision_artifact, tmp_
 
 
 def test_the_default_int8_export_of_a_vision_package_measures_and_quantizes_the_text_tower_only(packages, tmp_path):
-    """`export --dtype int8` (the measured choice, its default) on a package with a vision tower: the calibration
-    is text, so it measures the text tower's Linears; the vision graph stays FP32 and the media text graph is int8;
-    a request with an image answers through the artifact like exact."""
+    """`export --dtype int8` (the measured choice, its default) on a package with a vision tower: it measures the
+    text tower's Linears, on the built-in requests and some of them again with the family's sample media, and the
+    finished graphs answer all of them; the vision graph stays FP32 and the media text graph is int8; a request with
+    an image answers through the artifact like exact."""
     import json
     from collections import Counter
 
@@ -396,6 +397,7 @@ def test_the_default_int8_export_of_a_vision_package_measures_and_quantizes_the_
     measured = manifest["int8"]["measured"]
     assert manifest["int8"]["fp32_choice"] == "measured" and measured["rows"] > 0
     assert all(name.startswith("text_model.") for name in [*measured["kept"], *measured["blocked"], *measured["split"]])
+    assert measured["calibration"]["media_requests"] == 2 and measured["calibration_parity"]["questions"] == measured["calibration"]["questions"]
     ops = {graph: Counter(node.op_type for node in onnx.load(str(artifact / manifest["media"][graph]["model_file"]), load_external_data=False).graph.node) for graph in ("vision", "text")}
     assert ops["vision"]["MatMul"] > 0 and not any("Integer" in op or "Quantize" in op for op in ops["vision"])
     assert ops["text"]["MatMulIntegerToFloat"] > 0
@@ -419,5 +421,31 @@ def test_int8_calibration_refuses_a_quantized_tower_that_text_does_not_reach(mod
     family = models("d3_vision").family
     module = build_export_module(family, "fp32")
     monkeypatch.setattr(family, "export_spec", ExportSpec(quantized_towers=("text_model.", "visual.")))
-    with pytest.raises(ValueError, match=r"did not run on a calibration question.*first: visual\."):
+    with pytest.raises(ValueError, match=r"did not run in a calibration question's text pass.*first: visual\."):
         int8_sensitivity.measure(family, module, int8_sensitivity.builtin_calibration().requests)
+
+
+def test_int8_calibration_measures_requests_with_images_through_the_vision_features(models, tmp_path):
+    """`--int8-calibration` requests with images: their rows run the text tower over the vision features (the
+    eager answers are exact's with the image, not the text-only ones), and each row is measured."""
+    import json
+
+    from vllm_sr_runtime.export import int8_sensitivity
+    from vllm_sr_runtime.export.exporter import build_export_module
+    from vllm_sr_runtime.families.answers import answer_distribution
+
+    model = models("d3_vision")
+    state = "Describe the media."
+    path = tmp_path / "traffic.jsonl"
+    path.write_text(json.dumps({"id": "t", "state": state, "questions": QUESTIONS}) + "\n" + json.dumps({"id": "m", "state": state, "questions": QUESTIONS, "images": [IMAGE]}) + "\n")
+    calibration = int8_sensitivity.calibration_requests(path)
+    assert calibration.source["media_requests"] == 1 and calibration.source["questions"] == 2 * len(QUESTIONS)
+    int8_sensitivity.check_calibration(model.family, calibration)
+    module = build_export_module(model.family, "fp32")
+    measured = int8_sensitivity.measure(model.family, module, list(calibration.requests), media_requests=calibration.prepared_media(model.family))
+    text = [answer_distribution(answer) for answer in model.ask(state, QUESTIONS).values()]
+    with_image = [answer_distribution(answer) for answer in model.ask(state, QUESTIONS, [IMAGE]).values()]
+    assert len(measured.answers) == 2 * len(QUESTIONS)
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(measured.answers, text + with_image))
+    assert not np.allclose(text[0], with_image[0], atol=1e-3)  # the image moves the answers this test tells apart
+    assert len(measured.margins) == len(measured.variance) > len(QUESTIONS)  # media rows measured, not only answered

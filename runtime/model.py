@@ -23,7 +23,7 @@ from vllm_sr_runtime.families.questions import check_state
 from vllm_sr_runtime.interrupts import Interrupt
 from vllm_sr_runtime.packages.licence import check_licence
 from vllm_sr_runtime.packages.resolve import resolve_package
-from vllm_sr_runtime.profiles import build_engine, profile_named
+from vllm_sr_runtime.profiles import build_engine, profile_named, runs_exact_engine
 from vllm_sr_runtime.weight_budget import check_weight_budget, estimate_weight_bytes
 
 
@@ -221,7 +221,7 @@ class DecisionModel:
         """What its engines say their weights take once loaded: the profile's, and a close-call check's reference
         (None where the profile's engine does not say); measured once, since card() runs for every request that asks
         for its meta."""
-        engines = [self.engine, *([self.close_calls.reference] if self.close_calls else [])]
+        engines = [self.engine, *([self.close_calls.reference] if self.close_calls and self.close_calls.reference is not self.engine else [])]
         reports = [getattr(engine, "weight_bytes", None) for engine in engines]
         if reports[0] is None:
             return None
@@ -300,7 +300,8 @@ def load(
     """Resolve and verify a package, build the profile's engine, return a model with `ask(state, questions)`.
 
     `close_call_margin` (profiles other than exact): every answer whose top-two probability margin is below it is
-    answered again by the `exact` profile's engine, loaded beside the profile's (its memory too); "artifact" takes the
+    answered again by the `exact` profile's engine, loaded beside the profile's (its memory too; a profile that runs
+    exact's own eager engine, without an artifact, answers them on that engine instead); "artifact" takes the
     margin the artifact's int8 export measured on its calibration questions (refused where it recorded none).
     `allow_approximate_shared_context`: load profile shared_context for a family whose attention reads the prompt
     both ways (Decision 3.0's non-causal packages), whose answers then differ from exact by design; refused otherwise.
@@ -323,9 +324,10 @@ def load(
             "`vllm-sr-runtime parity --profile shared_context`); allow it (serve --allow-approximate-shared-context, "
             "load(..., allow_approximate_shared_context=True)), or use exact, batching or max_speed"
         )
+    own_reference = close_call_margin is not None and runs_exact_engine(profile, family, artifact)
     if memory_budget_bytes is not None:
         needed = estimate_weight_bytes(profile, family, target, artifact=artifact, cache_dir=cache_dir)
-        if close_call_margin is not None and needed is not None:  # the exact engine loads beside it
+        if close_call_margin is not None and needed is not None and not own_reference:  # the exact engine loads beside it
             reference_needs = estimate_weight_bytes("exact", family, target, cache_dir=cache_dir)
             needed = None if reference_needs is None else needed + reference_needs
         check_weight_budget(needed, memory_budget_bytes, family.model_name, measured=False)
@@ -333,6 +335,7 @@ def load(
     model = DecisionModel(family, engine, profile, target, dtype, shared_min_tokens=shared_min_tokens, engine_plugin=engine_plugin)
     model.licence_accepted = licence_accepted
     if close_call_margin is not None:
-        model.confirm_close_calls(close_call_margin, lambda: build_engine("exact", family, target, cache_dir=cache_dir)[:2])
+        reference = (lambda: (engine, dtype)) if own_reference else (lambda: build_engine("exact", family, target, cache_dir=cache_dir)[:2])
+        model.confirm_close_calls(close_call_margin, reference)
     check_weight_budget(model.weight_bytes, memory_budget_bytes, family.model_name, measured=True)
     return model

@@ -95,3 +95,9 @@ def build_engine(profile_name: str, family: Any, device: Any, **options: Any) ->
     engine_name = engine_plugin_for(profile_name, family, options.get("artifact"))
     engine, label = plugin("engine", engine_name)(family, device, profile_named(profile_name), **options)
     return engine, label, engine_name
+
+
+def runs_exact_engine(profile_name: str, family: Any, artifact: Any = None) -> bool:
+    """Whether a profile runs `family` without an artifact on the engine plugin that `exact` runs it on: the same
+    eager engine, which then answers exact's passes too (a close-call reference needs no second copy of the model)."""
+    return artifact is None and engine_plugin_for(profile_name, family) == engine_plugin_for(EXACT.name, family)

@@ -104,6 +104,17 @@ def test_margins_outside_the_range_and_profile_exact_are_refused(packages):
     assert done.returncode == 2 and "--close-call-margin" in done.stderr and "another profile" in done.stderr
 
 
+def test_a_profile_on_exacts_own_engine_answers_close_calls_on_it(packages, models):
+    """batching without an artifact runs exact's eager engine: its close calls are answered again on that engine,
+    with no second copy of the model, so the weight budget and the weights it reports count the model once."""
+    weights = vllm_sr_runtime.load(packages["d3"], profile="batching").weight_bytes
+    checked = vllm_sr_runtime.load(packages["d3"], profile="batching", close_call_margin=1.0, memory_budget_bytes=int(weights * 1.5))
+    assert checked.close_calls.reference is checked.engine and checked.weight_bytes == weights
+    response = checked.respond(STATE, QUESTIONS)
+    exact = models("d3").ask(STATE, QUESTIONS)
+    assert response.reanswered == len(QUESTIONS) and all(same(response.answers[qid], exact[qid]) for qid in QUESTIONS)
+
+
 def test_the_server_reports_the_close_calls_it_answered_again(packages, models, tmp_path):
     """A served batching model with margin 1: every answer is a close call, so exact gives each again; meta and
     /metrics count them and the answers are exact's."""

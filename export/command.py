@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         )
     for row in manifest["export"]["phases"]:
         peak = f"{row['peak_rss_bytes'] / 2**20:,.0f} MiB" if row["peak_rss_bytes"] else "-"
-        print(f"  phase {row['name']:14} {row['seconds']:8.1f} s   peak RSS {peak}")
+        print(f"  phase {row['name']:18} {row['seconds']:8.1f} s   peak RSS {peak}")
     return 0
 
 

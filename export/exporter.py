@@ -192,7 +192,7 @@ def export_family(
     disk_needed = check_disk_space(out, family.card().get("parameters"), dtype)
     from vllm_sr_runtime.export.media_graphs import MEDIA_PHASES, export_media
 
-    phase_count = len(PHASES) + calibrate + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if family.reads_media else 0)
+    phase_count = len(PHASES) + 2 * calibrate + (len(SHARED_PHASES) if shared_context else 0) + (len(MEDIA_PHASES) if family.reads_media else 0)
     bar = tqdm(total=phase_count, desc=f"export {family.model_name} [{variant}/{dtype}]", disable=not progress, unit="step")
     phase = PhaseClock(bar, progress)
 
@@ -255,10 +255,13 @@ def export_family(
             shared = _export_shared(context) if shared_context else None
             media = export_media(context) if family.reads_media else None
             del eager, context
-            if measured is not None and engine is not None and not saturates_here:  # the int8 graphs themselves on the answers the choice protected (recorded, not gated)
-                media_requests = calibration.prepared_media(family)
-                measured["calibration_parity"] = graph_parity(family, engine, calibration.requests, calibration_answers, media_requests)
-                measured["calibration_parity"]["close_call_margin"] = margin_for(measured["calibration_parity"]["max_abs_diff"])
+            if calibrate:
+                phase("calibration parity")
+                if engine is not None and not saturates_here:  # the int8 graphs themselves on the answers the choice protected (recorded, not gated)
+                    media_requests = calibration.prepared_media(family)
+                    measured["calibration_parity"] = graph_parity(family, engine, calibration.requests, calibration_answers, media_requests)
+                    measured["calibration_parity"]["close_call_margin"] = margin_for(measured["calibration_parity"]["max_abs_diff"])
+                bar.update()
             phase("finalize")
             last_layer = "readout_rows" if getattr(skeleton, "prunes_last_layer", False) else "full"
             manifest = _manifest(family, temp / MODEL_FILE, variant, dtype, opset, counts, parity, shared, media, last_layer)

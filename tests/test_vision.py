@@ -398,6 +398,7 @@ def test_the_default_int8_export_of_a_vision_package_measures_and_quantizes_the_
     assert manifest["int8"]["fp32_choice"] == "measured" and measured["rows"] > 0
     assert all(name.startswith("text_model.") for name in [*measured["kept"], *measured["blocked"], *measured["split"]])
     assert measured["calibration"]["media_requests"] == 2 and measured["calibration_parity"]["questions"] == measured["calibration"]["questions"]
+    assert [phase["name"] for phase in manifest["export"]["phases"]][-3:] == ["media smoke", "calibration parity", "finalize"]  # once the media graph runs
     ops = {graph: Counter(node.op_type for node in onnx.load(str(artifact / manifest["media"][graph]["model_file"]), load_external_data=False).graph.node) for graph in ("vision", "text")}
     assert ops["vision"]["MatMul"] > 0 and not any("Integer" in op or "Quantize" in op for op in ops["vision"])
     assert ops["text"]["MatMulIntegerToFloat"] > 0

@@ -51,7 +51,7 @@ def _mb(value: int | None) -> float | None:
 
 
 def print_export_table(rows: list[dict]) -> None:
-    print(f"{'export':>12}  {'phase':>14}  {'seconds':>9}  {'peak RSS MiB':>13}")
+    print(f"{'export':>12}  {'phase':>18}  {'seconds':>9}  {'peak RSS MiB':>13}")
     for row in rows:
         peak = f"{row['peak_rss_mb']:,.0f}" if row["peak_rss_mb"] else "-"
-        print(f"{row['profile']:>12}  {row['phase']:>14}  {row['seconds']:>9.1f}  {peak:>13}")
+        print(f"{row['profile']:>12}  {row['phase']:>18}  {row['seconds']:>9.1f}  {peak:>13}")

@@ -258,8 +258,7 @@ def export_family(
             if calibrate:
                 phase("calibration parity")
                 if engine is not None and not saturates_here:  # the int8 graphs themselves on the answers the choice protected (recorded, not gated)
-                    media_requests = calibration.prepared_media(family)
-                    measured["calibration_parity"] = graph_parity(family, engine, calibration.requests, calibration_answers, media_requests)
+                    measured["calibration_parity"] = graph_parity(family, engine, calibration.requests, calibration_answers, calibration.prepared_media(family))
                     measured["calibration_parity"]["close_call_margin"] = margin_for(measured["calibration_parity"]["max_abs_diff"])
                 bar.update()
             phase("finalize")
@@ -359,7 +358,7 @@ def measure_int8_sensitivity(
     tier = sensitive if sensitive in int8_sensitivity.TIER_FORMS and form == "token" else None
     sensitivity = int8_sensitivity.measure(
         family, eager, list(calibration.requests), progress=progress, form=rounding, tier=tier, weight_bits=weight_bits, embedding_tables=embedding_tables,
-        media_requests=calibration.prepared_media(family),
+        media_requests=calibration.media,
     )  # fmt: skip
     del eager
     alone = sensitivity.fixed_spread()

@@ -21,11 +21,12 @@ first layers (seed 3: layer 0 holds 47% of the predicted variance, layers 0-2 76
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -86,9 +87,10 @@ class Calibration:
     source: dict  # what artifact.json records: the file (name, sha256) or null for the built-in requests, and counts
     media: tuple[MediaRequest, ...] = ()  # requests that read images/videos (measured after the text ones)
 
-    def prepared_media(self, family: Family) -> list[tuple[Any, dict, Any]]:
-        """(state, questions, prepared media) per media request, in order: what `measure` and `graph_parity` read."""
-        return [(request.state, request.questions, request.prepare(family)) for request in self.media]
+    def prepared_media(self, family: Family) -> Iterator[tuple[Any, dict, Any]]:
+        """(state, questions, prepared media) per media request, in order, each prepared as it is reached (a file
+        of many large images never holds their pixels at once): what `graph_parity` reads."""
+        return ((request.state, request.questions, request.prepare(family)) for request in self.media)
 
 
 def _calibration(requests: tuple[tuple[Any, dict], ...], file: dict | None, media: tuple[MediaRequest, ...] = ()) -> Calibration:
@@ -186,7 +188,7 @@ def quantizable_linears(module: torch.nn.Module, quantized_towers: tuple[str, ..
 
 def measure(
     family: Family, module: torch.nn.Module, requests: list[tuple[Any, dict]], progress: bool = False, form: str = "token", tier: str | None = None,
-    weight_bits: int = WEIGHT_BITS, embedding_tables: tuple[str, ...] = (), media_requests: Iterable[tuple[Any, dict, Any]] = (),
+    weight_bits: int = WEIGHT_BITS, embedding_tables: tuple[str, ...] = (), media_requests: Sequence[MediaRequest] = (),
 ) -> Sensitivity:
     """First-order int8 sensitivity of every quantizable Linear of the eager FP32 `module`, on every answer row
     of `requests` ((state, questions) pairs) that is not a near-tie, with the rounding of the int8 `form` (`token`
@@ -195,8 +197,8 @@ def measure(
     bar over the questions (each costs one forward and one backward pass: ~12 s at 0.75B parameters on 2 cores).
     `embedding_tables`: the token embedding weights stored as int8 rows (`--int8-embedding int8`); each looked-up
     vector carries its row's rounding whatever the choice keeps FP32, measured the same way into `fixed_variance`.
-    `media_requests`: (state, questions, prepared media) measured after `requests`, their rows through the module's
-    forward_features with the vision tower's features computed without gradients (its graph stays FP32)."""
+    `media_requests`: measured after `requests` (each request's media prepared as it is reached), their rows through
+    the module's forward_features with the vision tower's features computed without gradients (its graph stays FP32)."""
     if form not in ROUNDING_FORMS:
         raise ValueError(f"int8 sensitivity is measured for the {' or '.join(ROUNDING_FORMS)} forms, not {form!r}")
     if tier is not None and tier not in TIER_FORMS:
@@ -220,11 +222,12 @@ def measure(
     margins: list[float] = []
     fixed: list[float] = []
     answers: list[list[float] | None] = []
-    everything = [(state, questions, None) for state, questions in requests] + list(media_requests)
+    everything = [(state, questions, lambda: None) for state, questions in requests] + [(request.state, request.questions, functools.partial(request.prepare, family)) for request in media_requests]
     memo = FeatureMemo(family.media_modalities)
     bar = tqdm(total=sum(len(questions) for _, questions, _ in everything), desc="calibration questions", unit="question", leave=False, disable=not progress)
     try:
-        for state, questions, media in everything:
+        for state, questions, prepare in everything:
+            media = prepare()
             for key, question in questions.items():  # one row per pass: the backward holds one row's activations
                 bar.update()
                 (batch,) = family.plan(state, {key: question}, media=media).batches

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -86,7 +87,8 @@ def graph_parity(
     """The graph vs answers the eager model already gave (`reference`: one per question, in the requests' order, then
     the `media_requests`' (state, questions, prepared media)), without running the eager model again."""
     graph = cpu_model(family, engine)
-    plans = [family.plan(state, questions) for state, questions in requests] + [family.plan(state, questions, media=media) for state, questions, media in media_requests]
+    # one plan at a time: a plan holds its request's prepared pixels
+    plans = itertools.chain((family.plan(state, questions) for state, questions in requests), (family.plan(state, questions, media=media) for state, questions, media in media_requests))
     answers = [answer_distribution(answer) for plan in plans for answer in graph.execute(plan).answers.values()]
     if len(answers) != len(reference):
         raise ValueError(f"{len(reference)} reference answers for {len(answers)} questions")

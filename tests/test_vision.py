@@ -443,10 +443,41 @@ def test_int8_calibration_measures_requests_with_images_through_the_vision_featu
     assert calibration.source["media_requests"] == 1 and calibration.source["questions"] == 2 * len(QUESTIONS)
     int8_sensitivity.check_calibration(model.family, calibration)
     module = build_export_module(model.family, "fp32")
-    measured = int8_sensitivity.measure(model.family, module, list(calibration.requests), media_requests=calibration.prepared_media(model.family))
+    measured = int8_sensitivity.measure(model.family, module, list(calibration.requests), media_requests=calibration.media)
     text = [answer_distribution(answer) for answer in model.ask(state, QUESTIONS).values()]
     with_image = [answer_distribution(answer) for answer in model.ask(state, QUESTIONS, [IMAGE]).values()]
     assert len(measured.answers) == 2 * len(QUESTIONS)
     assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(measured.answers, text + with_image))
     assert not np.allclose(text[0], with_image[0], atol=1e-3)  # the image moves the answers this test tells apart
     assert len(measured.margins) == len(measured.variance) > len(QUESTIONS)  # media rows measured, not only answered
+
+
+def test_calibration_media_is_prepared_one_request_at_a_time(models, monkeypatch):
+    """A calibration file of many large images never holds their pixels at once: the measurement and the graph's
+    calibration parity each prepare a request's media as they reach it and drop it after."""
+    import gc
+    import weakref
+
+    from vllm_sr_runtime.export import int8_sensitivity
+    from vllm_sr_runtime.export.exporter import build_export_module
+    from vllm_sr_runtime.export.smoke import cpu_model, graph_parity
+
+    family = models("d3_vision").family
+    prepared: list[weakref.ref] = []
+    most = [0]
+    prepare = int8_sensitivity.MediaRequest.prepare
+
+    def counted(self, family):
+        gc.collect()
+        media = prepare(self, family)
+        prepared.append(weakref.ref(media))
+        most[0] = max(most[0], sum(ref() is not None for ref in prepared))
+        return media
+
+    monkeypatch.setattr(int8_sensitivity.MediaRequest, "prepare", counted)
+    calibration = int8_sensitivity.Calibration((), {}, tuple(int8_sensitivity.MediaRequest(f"state {n}", QUESTIONS, sample="images") for n in range(4)))
+    measured = int8_sensitivity.measure(family, build_export_module(family, "fp32"), [], media_requests=calibration.media)
+    assert len(measured.answers) == 4 * len(QUESTIONS) and most[0] <= 2  # the one being measured and, until it is replaced, the one before
+    most[0] = 0
+    checked = graph_parity(family, cpu_model(family, models("d3_vision").engine).engine, (), measured.answers, calibration.prepared_media(family))
+    assert checked["questions"] == 4 * len(QUESTIONS) and checked["max_abs_diff"] < 1e-5 and most[0] <= 2

@@ -28,7 +28,7 @@ def int8_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_sr_runtime.artifact_summary import SATURATES_HERE, measured_int8_lines, saturates_here, smoke_line
+    from vllm_sr_runtime.artifact_summary import SATURATES_HERE, builtin_calibration_hint, measured_int8_lines, saturates_here, smoke_line
     from vllm_sr_runtime.cpu_features import FULL_WEIGHT_BITS
     from vllm_sr_runtime.export.exporter import export_package
 
@@ -55,11 +55,8 @@ def run(args: argparse.Namespace) -> int:
         measured = manifest["int8"]["measured"]
         for line in measured_int8_lines(measured):
             print(line)
-        if not measured["calibration"].get("file"):
-            print(
-                "int8 calibrated on the built-in requests (generic short questions of every type): the target protects answers as close "
-                "as theirs; --int8-calibration FILE.jsonl measures on requests like your traffic"
-            )
+        if hint := builtin_calibration_hint(measured["calibration"]):
+            print(hint)
         if measured["kept_share_of_quantizable_macs"] >= MOSTLY_FP32_SHARE:
             print(
                 f"int8 keeps {measured['kept_share_of_quantizable_macs']:.0%} of the quantizable multiply-adds FP32: this package is sensitive to "

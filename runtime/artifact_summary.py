@@ -79,6 +79,19 @@ def calibration_source(source: dict) -> str:
     return f" from {source['file']['name']}{media}" if source.get("file") else f" (built-in requests{media})"
 
 
+def builtin_calibration_hint(source: dict) -> str | None:
+    """What `export` says of a measured int8 choice calibrated on the built-in requests (None for a user's file)."""
+    if source.get("file"):
+        return None
+    media = source.get("media_requests")
+    return (
+        "int8 calibrated on the built-in requests (generic short questions of every type"
+        + (f", {media} of them again with the family's random-pixel sample media" if media else "")
+        + "): the target protects answers as close as theirs; --int8-calibration FILE.jsonl measures on requests like your traffic"
+        + (" (images and videos as data URLs included)" if media else "")
+    )
+
+
 class WeightBytes(NamedTuple):
     """A graph's initializer bytes by ONNX element type name: all of them, and its matrices alone (two dimensions or
     more: weights and tables, not scales, zero points or norms)."""

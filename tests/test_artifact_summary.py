@@ -92,3 +92,18 @@ def test_the_measured_line_says_what_the_int8_embedding_table_alone_moves():
     assert summary.measured_int8_lines({**measured, "predicted_spread_embedding": None}) == [plain]
     (line,) = summary.measured_int8_lines({**measured, "predicted_spread_embedding": 0.104})
     assert line == plain + "; the int8 embedding table alone: 0.104 (included in both)"
+
+
+def test_the_calibration_is_named_with_its_media_requests():
+    """A measured choice says where it was calibrated and how many of those requests read images/videos; the hint to
+    calibrate on one's own traffic names media only for a package whose built-in calibration had some."""
+    text = {"file": None, "requests": 8, "questions": 30, "media_requests": 0}
+    media = {"file": None, "requests": 10, "questions": 37, "media_requests": 2}
+    file = {"file": {"name": "traffic.jsonl", "sha256": "0" * 64}, "requests": 3, "questions": 9, "media_requests": 1}
+    assert summary.calibration_source(text) == " (built-in requests)"
+    assert summary.calibration_source({"file": None}) == " (built-in requests)"  # an artifact measured before media rows
+    assert summary.calibration_source(media) == " (built-in requests; 2 of 10 requests with images/videos)"
+    assert summary.calibration_source(file) == " from traffic.jsonl; 1 of 3 requests with images/videos"
+    assert "sample media" not in summary.builtin_calibration_hint(text) and "data URLs" not in summary.builtin_calibration_hint(text)
+    assert "2 of them again with the family's random-pixel sample media" in summary.builtin_calibration_hint(media)
+    assert summary.builtin_calibration_hint(file) is None

@@ -26,13 +26,14 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from vllm_sr_runtime.engines.feature_memo import FeatureMemo, vision_inputs
+from vllm_sr_runtime.engines.feature_memo import FeatureMemo
+from vllm_sr_runtime.engines.torch import forward_with_features
 from vllm_sr_runtime.errors import InvalidRequest
 from vllm_sr_runtime.export.int8 import NBITS_BLOCK, QMAX, WEIGHT_BITS, split_low_steps, stays_fp32, weight_qmax
 from vllm_sr_runtime.export.int8_options import DEFAULT_TARGET
@@ -129,9 +130,9 @@ def check_calibration(family: Family, calibration: Calibration) -> None:
         _check_request(family, f"int8 calibration request {number} with media", request.state, request.questions, lambda: request.prepare(family))
 
 
-def _check_request(family: Family, name: str, state: Any, questions: dict, media: Any) -> None:
-    try:
-        errors = family.plan(state, questions, media=media()).errors
+def _check_request(family: Family, name: str, state: Any, questions: dict, prepare_media: Callable[[], Any]) -> None:
+    try:  # the media are decoded inside: a file's undecodable image is refused as its request
+        errors = family.plan(state, questions, media=prepare_media()).errors
     except InvalidRequest as exc:
         raise ValueError(f"{name}: {exc}") from None
     if errors:
@@ -280,18 +281,15 @@ def measure(
 
 
 def _forward(family: Family, module: torch.nn.Module, batch: Any, memo: FeatureMemo) -> torch.Tensor:
-    """The module's output for one batch: the token-id forward, or for rows that read media the vision tower without
-    gradients (once per request's pixels) and forward_features over its features."""
+    """The module's output for one batch: the token-id forward, or for rows that read media the eager engine's
+    forward over the vision tower's features (the tower without gradients, once per request's pixels)."""
     if not batch.media:
-        return module(**{name: _tensor(batch.inputs[name]) for name in family.input_names})
-    skipped = vision_inputs(family.media_modalities)
-    with torch.no_grad():
-        features = memo.features(batch.inputs, lambda pixels, grid: module.visual_features(_tensor(batch.inputs[pixels]), _tensor(batch.inputs[grid])), lambda: module.visual_features(None, None))
-    return module.forward_features(**{name: _tensor(value) for name, value in batch.inputs.items() if name not in skipped}, **features)
+        return module(**_tensors(batch.inputs, family.input_names))
+    return forward_with_features(module, batch.inputs, memo, _tensors)
 
 
-def _tensor(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array))
+def _tensors(inputs: dict[str, np.ndarray], names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    return {name: torch.from_numpy(np.ascontiguousarray(inputs[name])) for name in names}
 
 
 def table_embeddings(module: torch.nn.Module, embedding_tables: tuple[str, ...]) -> list[torch.nn.Embedding]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -59,13 +61,21 @@ class TorchEngine(Interruptible):
     def forward_media(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """Rows that read images/videos: the vision tower (once per request), its features in place of the
         placeholders (the module's forward_media, in two steps)."""
-        module = self.module
         with torch.inference_mode():
-            features = self.memo.features(
-                inputs, lambda pixels, grid: module.visual_features(*self._tensors(inputs, (pixels, grid)).values()), lambda: module.visual_features(None, None)
-            )
-            output = module.forward_features(**self._tensors(inputs, tuple(name for name in inputs if name not in vision_inputs(self.media_modalities))), **features)
+            output = forward_with_features(self.module, inputs, self.memo, self._tensors)
         return output.float().cpu().numpy()
+
+
+def forward_with_features(
+    module: torch.nn.Module, inputs: dict[str, np.ndarray], memo: FeatureMemo, tensors: Callable[[dict[str, np.ndarray], tuple[str, ...]], dict[str, torch.Tensor]]
+) -> torch.Tensor:  # fmt: skip
+    """A media batch's output: the module's vision tower without gradients (once per request's pixels, through `memo`),
+    then its forward_features over those features under the caller's grad mode (int8 calibration backpropagates
+    through the text tower). `tensors(inputs, names)`: the named inputs as tensors where the module runs."""
+    with torch.no_grad():
+        features = memo.features(inputs, lambda pixels, grid: module.visual_features(*tensors(inputs, (pixels, grid)).values()), lambda: module.visual_features(None, None))
+    skipped = vision_inputs(memo.modalities)
+    return module.forward_features(**tensors(inputs, tuple(name for name in inputs if name not in skipped)), **features)
 
 
 def build(family: ModelSource, device, profile, **_: object) -> tuple[TorchEngine, str]:

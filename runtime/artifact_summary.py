@@ -86,7 +86,7 @@ def builtin_calibration_hint(source: dict) -> str | None:
     media = source.get("media_requests")
     return (
         "int8 calibrated on the built-in requests (generic short questions of every type"
-        + (f", {media} of them again with the family's random-pixel sample media" if media else "")
+        + (f"; {media} of those requests asked again with the family's random-pixel sample media" if media else "")
         + "): the target protects answers as close as theirs; --int8-calibration FILE.jsonl measures on requests like your traffic"
         + (" (images and videos as data URLs included)" if media else "")
     )

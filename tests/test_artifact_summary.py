@@ -105,5 +105,5 @@ def test_the_calibration_is_named_with_its_media_requests():
     assert summary.calibration_source(media) == " (built-in requests; 2 of 10 requests with images/videos)"
     assert summary.calibration_source(file) == " from traffic.jsonl; 1 of 3 requests with images/videos"
     assert "sample media" not in summary.builtin_calibration_hint(text) and "data URLs" not in summary.builtin_calibration_hint(text)
-    assert "2 of them again with the family's random-pixel sample media" in summary.builtin_calibration_hint(media)
+    assert "; 2 of those requests asked again with the family's random-pixel sample media" in summary.builtin_calibration_hint(media)
     assert summary.builtin_calibration_hint(file) is None

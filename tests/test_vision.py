@@ -460,7 +460,7 @@ def test_calibration_media_is_prepared_one_request_at_a_time(models, monkeypatch
 
     from vllm_sr_runtime.export import int8_sensitivity
     from vllm_sr_runtime.export.exporter import build_export_module
-    from vllm_sr_runtime.export.smoke import cpu_model, graph_parity
+    from vllm_sr_runtime.export.smoke import graph_parity
 
     family = models("d3_vision").family
     prepared: list[weakref.ref] = []
@@ -479,5 +479,5 @@ def test_calibration_media_is_prepared_one_request_at_a_time(models, monkeypatch
     measured = int8_sensitivity.measure(family, build_export_module(family, "fp32"), [], media_requests=calibration.media)
     assert len(measured.answers) == 4 * len(QUESTIONS) and most[0] <= 2  # the one being measured and, until it is replaced, the one before
     most[0] = 0
-    checked = graph_parity(family, cpu_model(family, models("d3_vision").engine).engine, (), measured.answers, calibration.prepared_media(family))
+    checked = graph_parity(family, models("d3_vision").engine, (), measured.answers, calibration.prepared_media(family))
     assert checked["questions"] == 4 * len(QUESTIONS) and checked["max_abs_diff"] < 1e-5 and most[0] <= 2

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 PREFIX = "vllm_sr_runtime"
 LATENCY_BUCKETS = tuple(0.001 * 2**i for i in range(13))  # 1 ms .. 4.096 s, doubling
@@ -71,10 +74,35 @@ def ready_in_every_worker() -> dict[str, bool] | None:
     return {}
 
 
+class SettledWorkerFiles:
+    """The workers' files in the multiprocess folder merged, like prometheus_client's MultiProcessCollector, but
+    without the files still being created. A worker's file is empty between its open and its sizing; the stock
+    collector fails on such a file, so a worker stopped or killed in that moment would fail every scrape and every
+    /health of its siblings. Such a worker has written nothing yet, so it is left out, as before its file existed."""
+
+    HEADER_BYTES = 8  # the used-bytes word and its padding
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def settled(self) -> list[str]:
+        files = []
+        for path in self.folder.glob("*.db"):
+            try:
+                if path.stat().st_size >= self.HEADER_BYTES:
+                    files.append(str(path))
+            except FileNotFoundError:  # a dead worker's live gauges go between the glob and the stat
+                continue
+        return sorted(files)
+
+    def collect(self) -> Iterable[Metric]:
+        return multiprocess.MultiProcessCollector.merge(self.settled(), accumulate=True)
+
+
 def every_worker() -> CollectorRegistry:
     """The workers' metrics merged from the multiprocess folder."""
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    registry.register(SettledWorkerFiles(Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])))
     return registry
 
 

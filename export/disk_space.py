@@ -25,7 +25,15 @@ def check_disk_space(out: Path, parameters: int | None, dtype: str) -> int | Non
     free = shutil.disk_usage(probe).free
     if free < needed:
         raise ArtifactError(
-            f"not enough disk space for the artifact: {parameters:,} parameters as {dtype} need about {needed / 2**30:.1f} GiB "
-            f"under {probe}, {free / 2**30:.1f} GiB free"
+            f"not enough disk space for the artifact: {parameters:,} parameters as {dtype} need about {readable(needed)} "
+            f"under {probe}, {readable(free)} free"
         )
     return needed
+
+
+def readable(count: int) -> str:
+    """Bytes in the largest binary unit that keeps the figure at least 1 (a tiny package's 1.4 MiB is not 0.0 GiB)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"

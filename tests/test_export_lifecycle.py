@@ -206,6 +206,18 @@ def test_too_little_disk_is_refused_before_any_work(packages, tmp_path, monkeypa
     assert not (tmp_path / "deep").exists()
 
 
+def test_the_disk_refusal_states_small_sizes_in_a_unit_that_shows_them(tmp_path, monkeypatch):
+    """A tiny package on a nearly full (or pseudo) file system: 'need about 4.2 MiB, 512.0 KiB free', not '0.0 GiB'."""
+    from collections import namedtuple
+
+    from vllm_sr_runtime.export import disk_space
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda path: usage(2**20, 2**19, 2**19))
+    with pytest.raises(ArtifactError, match=r"need about 4\.2 MiB under .*, 512\.0 KiB free"):
+        disk_space.check_disk_space(tmp_path / "artifact", 1_000_000, "fp32")
+
+
 def test_weights_stream_in_blocks_equal_to_the_whole_tensor(packages):
     """Blocks of a few rows (or columns, transposed) concatenate to exactly the tensor the module holds."""
     from vllm_sr_runtime.families import open_family
